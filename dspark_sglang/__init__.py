@@ -1,0 +1,3 @@
+"""DSpark speculative decoding for SGLang."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,10 @@
+"""Registry of CLI subcommands (see ``cli.py``)."""
+
+from __future__ import annotations
+
+from dspark_sglang.cli import Command
+
+
+def registry() -> dict[str, Command]:
+    cmds: dict[str, Command] = {}
+    return cmds

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds (once) and refreshes the project's virtual environment in a shared cache dir.
+#
+# Why a cache dir and not ./.venv: CI runs on a fresh clone every time, and the lean
+# CPU SGLang stack is ~3 GB; keying the venv on the hash of the requirement files
+# reuses it across clones and rebuilds it only when the pins change.
+#
+# Prints nothing on stdout but the venv path (last line), so callers can do
+#   VENV=$(bash scripts/setup.sh)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${DSPARK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dspark-sglang}"
+PY="${DSPARK_PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+VENV_RECIPE=1  # bump when the install steps below change
+KEY=$( (echo "$VENV_RECIPE"; cat "$ROOT"/requirements/*.txt) | sha256sum | cut -c1-12)
+VENV="$CACHE/venv-$KEY"
+log() { echo "[setup] $*" >&2; }
+
+mkdir -p "$CACHE"
+if [ ! -f "$VENV/.complete" ]; then
+  log "building venv $VENV (first run takes a few minutes)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
+  "${PIP[@]}" --upgrade pip >&2
+  # CPU torch first (a local wheel on these machines); everything after is
+  # constrained to it so nothing drags in a CUDA build.
+  "${PIP[@]}" torch==2.13.0 >&2
+  "${PIP[@]}" --no-deps sglang==0.5.23 >&2
+  "${PIP[@]}" -r "$ROOT/requirements/cpu.txt" -c "$ROOT/requirements/constraints.txt" >&2
+  touch "$VENV/.complete"
+fi
+# The project itself: cheap, and always re-pointed at *this* checkout.
+"$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$ROOT" >&2
+echo "$VENV"
