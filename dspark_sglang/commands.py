@@ -7,4 +7,7 @@ from dspark_sglang.cli import Command
 
 def registry() -> dict[str, Command]:
     cmds: dict[str, Command] = {}
+    from dspark_sglang.calibration import cli as calibration_cli
+
+    cmds.update(calibration_cli.COMMANDS)
     return cmds

@@ -1,0 +1,215 @@
+"""Per-SLA scheduler configuration shared by the SGLang worker and the Helm chart.
+
+One deployment serves one latency target (SLA); the chart renders this struct
+into a YAML/JSON file the worker loads with ``SchedulerConfig.load``. Keeping the
+schema in one typed, frozen struct means a typo in a values file fails at load
+time with a message naming the key, instead of silently falling back to a
+default policy in production.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self, get_args
+
+import msgspec
+import yaml
+
+__all__ = ["POLICIES", "ConfigError", "Policy", "SchedulerConfig"]
+
+Policy = Literal["prefix", "lagged", "static", "mtp1", "verify_all", "none"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+MAX_BLOCK_SIZE = 16
+_NEEDS_COST_TABLE = ("prefix", "lagged")
+_SLA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A scheduler configuration is malformed."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _opt_path(name: str, v: Any) -> None:
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ConfigError(f"{name} must be a non-empty path string or omitted, got {v!r}")
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How many draft tokens per request the target verifies each step, for one SLA.
+
+    Fields (YAML/JSON keys are the field names):
+
+    ``sla_name`` (str, default ``"default"``)
+        Name of the latency target this config serves; an RFC 1123 label
+        (lowercase alphanumerics and ``-``, at most 63 characters) because the
+        Helm chart uses it in resource names.
+    ``policy`` (str, default ``"lagged"``)
+        ``prefix``: Algorithm 1, greedy admission by survival with early stop,
+        on current confidences. ``lagged``: production variant; the total verify
+        budget comes from confidences ``lag_steps`` steps old (global argmax over
+        the cost staircase), current confidences only rank candidates.
+        ``static``: every request verifies ``static_k`` drafts. ``mtp1``: every
+        request verifies 1 draft (the MTP-1 baseline). ``verify_all``: every
+        request verifies the whole block. ``none``: no speculation (0 drafts).
+    ``block_size`` (int, 1..16, required)
+        Draft tokens proposed per request per step (``B``); upper bound on any
+        per-request verify length.
+    ``static_k`` (int, 1..block_size)
+        Drafts verified per request; required by and only allowed with ``static``.
+    ``lag_steps`` (int >= 1, default 2)
+        Age in steps of the confidences that set the ``lagged`` budget. The lag
+        is the causal barrier that keeps the choice non-anticipating (lossless);
+        0 is rejected for that reason.
+    ``max_verify_tokens`` (int >= 1, optional)
+        Per-step cap on total verify tokens (anchors plus drafts) over the
+        batch, e.g. the largest CUDA-graph bucket. Unset: the cost table's limit.
+    ``max_running_requests`` (int >= 1, optional)
+        Admission cap: at most this many requests decode concurrently.
+    ``cost_table_path`` (str, optional)
+        SGLang SPS cost-table JSON (``SpsCostTable`` or ``SpsAdditiveCostTable``);
+        required by ``prefix`` and ``lagged``. Used as given (a path in the
+        serving container), not resolved against the config file.
+    ``sts_path`` (str, optional)
+        SGLang STS calibration JSON (``DSparkStsCalibration``); without it raw
+        confidences ``sigmoid(z)`` are used.
+    ``min_tokens_per_sec_per_user`` (float > 0, optional)
+        The SLA: per-user decode speed the deployment must sustain; the planner
+        sizes ``max_running_requests`` against it.
+    ``greedy_only`` (bool, default false)
+        Serve only temperature-0 requests (greedy verification, no rejection
+        sampling); sampled requests are refused instead of served losslessly.
+    """
+
+    block_size: int
+    policy: Policy = "lagged"
+    sla_name: str = "default"
+    static_k: int | None = None
+    lag_steps: int = 2
+    max_verify_tokens: int | None = None
+    max_running_requests: int | None = None
+    cost_table_path: str | None = None
+    sts_path: str | None = None
+    min_tokens_per_sec_per_user: float | None = None
+    greedy_only: bool = False
+
+    def __post_init__(self) -> None:
+        # Types are re-checked here because direct construction bypasses msgspec's decoder.
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {list(POLICIES)}, got {self.policy!r}")
+        if not isinstance(self.sla_name, str) or not _SLA_NAME.match(self.sla_name):
+            raise ConfigError(
+                f"sla_name must be an RFC 1123 label (lowercase letters, digits and '-', "
+                f"starting and ending alphanumeric, <= 63 chars), got {self.sla_name!r}"
+            )
+        if not _is_int(self.block_size) or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ConfigError(
+                f"block_size must be an integer in 1..{MAX_BLOCK_SIZE}, got {self.block_size!r}"
+            )
+        if self.policy == "static":
+            if self.static_k is None:
+                raise ConfigError("policy 'static' needs static_k (drafts verified per request)")
+            if not _is_int(self.static_k) or self.static_k < 1:
+                raise ConfigError(f"static_k must be an integer >= 1, got {self.static_k!r}")
+            if self.static_k > self.block_size:
+                raise ConfigError(
+                    f"static_k must be <= block_size ({self.static_k} > {self.block_size}); "
+                    "lower static_k or raise block_size"
+                )
+        elif self.static_k is not None:
+            raise ConfigError(
+                f"static_k is only used by policy 'static' (policy is {self.policy!r}); "
+                "remove static_k or set policy: static"
+            )
+        if not _is_int(self.lag_steps) or self.lag_steps < 1:
+            raise ConfigError(
+                f"lag_steps must be an integer >= 1, got {self.lag_steps!r} (the lag keeps the "
+                "lagged budget non-anticipating; 0 would bias the output distribution)"
+            )
+        for name in ("max_verify_tokens", "max_running_requests"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(f"{name} must be an integer >= 1 or omitted, got {v!r}")
+        _opt_path("cost_table_path", self.cost_table_path)
+        _opt_path("sts_path", self.sts_path)
+        if self.policy in _NEEDS_COST_TABLE and self.cost_table_path is None:
+            raise ConfigError(
+                f"policy {self.policy!r} needs cost_table_path (an SGLang SPS cost-table JSON); "
+                "profile one or choose policy static/mtp1/verify_all/none"
+            )
+        mt = self.min_tokens_per_sec_per_user
+        if mt is not None:
+            if isinstance(mt, bool) or not isinstance(mt, numbers.Real):
+                raise ConfigError(
+                    f"min_tokens_per_sec_per_user must be a number or omitted, got {mt!r}"
+                )
+            if not math.isfinite(float(mt)) or float(mt) <= 0.0:
+                raise ConfigError(
+                    f"min_tokens_per_sec_per_user must be finite and > 0, got {float(mt)!r}"
+                )
+            msgspec.structs.force_setattr(self, "min_tokens_per_sec_per_user", float(mt))
+        if not isinstance(self.greedy_only, bool):
+            raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
+
+    @property
+    def max_verify_len(self) -> int:
+        """Largest per-request draft count this policy can verify in one step."""
+        return {"static": self.static_k or 0, "mtp1": 1, "none": 0}.get(
+            self.policy, self.block_size
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "scheduler config") -> Self:
+        """Validate a parsed mapping (e.g. Helm values) into a config."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+        allowed = cls.__struct_fields__
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key(s) {unknown}; allowed keys: {sorted(allowed)}"
+            )
+        policy = data.get("policy", "lagged")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ConfigError(f"{source}: policy must be one of {list(POLICIES)}, got {policy!r}")
+        try:
+            return msgspec.convert(dict(data), type=cls)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """Read a YAML (or ``.json``) file; JSON is parsed strictly, YAML safely."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read scheduler config {p}: {exc}") from exc
+        try:
+            data = msgspec.json.decode(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{p}: cannot parse ({exc})") from exc
+        if data is None:
+            raise ConfigError(f"{p}: file is empty; it needs at least block_size")
+        return cls.from_dict(data, source=str(p))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Fields in declaration order; unset optional fields are left out."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self.to_dict()).decode("utf-8")
+
+    def save(self, path: str | Path) -> None:
+        """Write YAML, or JSON when ``path`` ends in ``.json`` (what ``load`` reads back)."""
+        p = Path(path)
+        p.write_text(self.to_json() if p.suffix == ".json" else self.to_yaml(), encoding="utf-8")

@@ -1,0 +1,126 @@
+"""SchedulerConfig: YAML/JSON round trips and validation messages."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dspark_sglang.scheduling.config import POLICIES, ConfigError, SchedulerConfig
+
+FULL = {
+    "block_size": 7,
+    "policy": "lagged",
+    "sla_name": "interactive-80tps",
+    "lag_steps": 3,
+    "max_verify_tokens": 512,
+    "max_running_requests": 64,
+    "cost_table_path": "/etc/dspark/sps.json",
+    "sts_path": "/etc/dspark/sts.json",
+    "min_tokens_per_sec_per_user": 80.0,
+    "greedy_only": True,
+}
+
+
+def test_defaults() -> None:
+    c = SchedulerConfig(block_size=5, cost_table_path="t.json")
+    assert (c.policy, c.sla_name, c.lag_steps, c.greedy_only) == ("lagged", "default", 2, False)
+    assert c.static_k is None and c.max_verify_tokens is None and c.sts_path is None
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_round_trip_through_file(tmp_path: Path, suffix: str) -> None:
+    c = SchedulerConfig.from_dict(FULL)
+    path = tmp_path / f"sched{suffix}"
+    c.save(path)
+    assert SchedulerConfig.load(path) == c
+    assert SchedulerConfig.from_dict(yaml.safe_load(c.to_yaml())) == c
+
+
+def test_yaml_written_by_hand_and_int_promoted_to_float(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("block_size: 4\npolicy: static\nstatic_k: 2\nmin_tokens_per_sec_per_user: 80\n")
+    c = SchedulerConfig.load(path)
+    assert c.static_k == 2 and c.max_verify_len == 2
+    assert c.min_tokens_per_sec_per_user == 80.0
+    assert isinstance(c.min_tokens_per_sec_per_user, float)
+    # Unset optional fields are left out of the rendered YAML.
+    assert "cost_table_path" not in c.to_yaml() and "static_k: 2" in c.to_yaml()
+
+
+def test_max_verify_len_per_policy() -> None:
+    kw = {"block_size": 6, "cost_table_path": "t.json"}
+    assert SchedulerConfig(policy="prefix", **kw).max_verify_len == 6
+    assert SchedulerConfig(policy="verify_all", block_size=6).max_verify_len == 6
+    assert SchedulerConfig(policy="mtp1", block_size=6).max_verify_len == 1
+    assert SchedulerConfig(policy="none", block_size=6).max_verify_len == 0
+    assert SchedulerConfig(policy="static", block_size=6, static_k=3).max_verify_len == 3
+
+
+def _cfg(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {"block_size": 5, "policy": "verify_all"}
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("data", "msg"),
+    [
+        (_cfg(polcy="static"), "unknown key(s) ['polcy']; allowed keys: ['block_size',"),
+        (_cfg(policy="greedy"), f"policy must be one of {list(POLICIES)}, got 'greedy'"),
+        (_cfg(block_size=0), "block_size must be an integer in 1..16, got 0"),
+        (_cfg(block_size=17), "block_size must be an integer in 1..16, got 17"),
+        (_cfg(block_size="5"), "Expected `int`, got `str` - at `$.block_size`"),
+        (_cfg(block_size=True), "Expected `int`, got `bool` - at `$.block_size`"),
+        ({"policy": "none"}, "missing required field `block_size`"),
+        (_cfg(policy="static"), "policy 'static' needs static_k"),
+        (_cfg(policy="static", static_k=6), "static_k must be <= block_size (6 > 5)"),
+        (_cfg(policy="static", static_k=0), "static_k must be an integer >= 1, got 0"),
+        (_cfg(static_k=2), "static_k is only used by policy 'static'"),
+        (_cfg(lag_steps=0), "lag_steps must be an integer >= 1, got 0"),
+        (_cfg(max_verify_tokens=0), "max_verify_tokens must be an integer >= 1"),
+        (_cfg(max_running_requests=-1), "max_running_requests must be an integer >= 1"),
+        (_cfg(policy="prefix"), "policy 'prefix' needs cost_table_path"),
+        (_cfg(policy="lagged"), "policy 'lagged' needs cost_table_path"),
+        (_cfg(cost_table_path=""), "cost_table_path must be a non-empty path string"),
+        (_cfg(sts_path=3), "Expected `str | null`, got `int` - at `$.sts_path`"),
+        (_cfg(min_tokens_per_sec_per_user=0), "min_tokens_per_sec_per_user must be finite and > 0"),
+        (_cfg(min_tokens_per_sec_per_user=math.inf), "min_tokens_per_sec_per_user must be finite"),
+        (_cfg(sla_name="Gold_SLA"), "sla_name must be an RFC 1123 label"),
+        (_cfg(sla_name="x" * 64), "sla_name must be an RFC 1123 label"),
+        (_cfg(greedy_only="yes"), "Expected `bool`, got `str` - at `$.greedy_only`"),
+        ([1, 2], "top level must be a mapping"),
+    ],
+)
+def test_invalid_configs_name_the_field(data: object, msg: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SchedulerConfig.from_dict(data)  # type: ignore[arg-type]
+    assert msg in str(info.value)
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(ConfigError, match=r"static_k must be <= block_size \(4 > 2\)"):
+        SchedulerConfig(block_size=2, policy="static", static_k=4)
+    with pytest.raises(ConfigError, match="policy must be one of"):
+        SchedulerConfig(block_size=2, policy="fast")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="greedy_only must be true or false"):
+        SchedulerConfig(block_size=2, policy="none", greedy_only=1)  # type: ignore[arg-type]
+
+
+def test_load_errors_name_the_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="file is empty"):
+        SchedulerConfig.load(empty)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("block_size: [1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: cannot parse"):
+        SchedulerConfig.load(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("block_size: 4\npolicy: none\nlag_step: 2\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml: unknown key\(s\) \['lag_step'\]"):
+        SchedulerConfig.load(typo)
+    with pytest.raises(ConfigError, match="cannot read"):
+        SchedulerConfig.load(tmp_path / "missing.yaml")
