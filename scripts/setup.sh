@@ -35,4 +35,6 @@ if [ ! -f "$VENV/.complete" ]; then
 fi
 # The project itself: cheap, and always re-pointed at *this* checkout.
 "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$ROOT" >&2
+# Pinned, sha256-checked helm for the chart tests and runbooks.
+DSPARK_PYTHON="$VENV/bin/python" bash "$ROOT/scripts/install_helm.sh" >&2
 echo "$VENV"

@@ -1,0 +1,451 @@
+"""What a DSpark drafter is, as data: the target it serves and its own shape.
+
+Two frozen dataclasses:
+
+* ``TargetSpec``: the handful of target-model facts the drafter depends on
+  (vocabulary, hidden width, depth, attention geometry). It is read from a
+  HuggingFace config so the drafter never guesses them.
+* ``DSparkConfig``: the drafter's architecture and DSpark-specific settings.
+  Every field is validated in ``__post_init__`` with an error naming the field
+  and the fix, because a silently wrong field (a slot convention, a target layer
+  that is never captured) costs a training run, not a crash.
+
+The on-disk form is HuggingFace-style JSON (``to_hf_dict``/``from_hf_dict``): the
+top level carries the standard HF fields, ``"dspark_config"`` every DSpark field,
+and ``"dflash_config"`` the three fields SGLang's DFlash/DSpark config helpers
+read (``block_size``, ``target_layer_ids``, ``mask_token_id``). The round trip is
+exact and anything unknown, missing or inconsistent is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+SlotConvention = Literal["anchor_next", "dflash"]
+FFNType = Literal["moe", "dense"]
+MarkovHeadType = Literal["vanilla", "gated", "rnn", "none"]
+
+MAX_BLOCK_SIZE = 16
+HF_ARCHITECTURE = "DSparkMoEDraftModel"
+HF_MODEL_TYPE = "dspark_moe"
+
+# Top-level HF fields that mirror a DSparkConfig field of the same name.
+_HF_MIRRORED_FIELDS: tuple[str, ...] = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "vocab_size",
+    "max_position_embeddings",
+    "sliding_window",
+)
+_DFLASH_FIELDS: tuple[str, ...] = ("block_size", "target_layer_ids", "mask_token_id")
+_HF_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
+    {"architectures", "model_type", "dspark_config", "dflash_config", *_HF_MIRRORED_FIELDS}
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_int(owner: str, name: str, value: object, lo: int | None = None) -> int:
+    """An ``int`` (not a bool) >= ``lo``; the error names ``owner.name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{owner}.{name} must be an int, got {value!r} ({type(value).__name__}); "
+            f"set {name} to an integer"
+        )
+    if lo is not None and value < lo:
+        raise ValueError(f"{owner}.{name} must be >= {lo}, got {value}; set {name} >= {lo}")
+    return value
+
+
+def _check_float(owner: str, name: str, value: object, *, positive: bool = True) -> float:
+    """A finite real number (ints accepted), returned as ``float``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"{owner}.{name} must be a number, got {value!r} ({type(value).__name__}); "
+            f"set {name} to a float"
+        )
+    out = float(value)
+    if not math.isfinite(out) or (positive and out <= 0.0):
+        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+    return out
+
+
+def _check_bool(owner: str, name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"{owner}.{name} must be true or false, got {value!r}; set {name} to a bool"
+        )
+    return value
+
+
+def _check_choice(owner: str, name: str, value: object, literal: Any) -> str:
+    choices = get_args(literal)
+    if value not in choices:
+        raise ValueError(f"{owner}.{name} must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def default_target_layer_ids(num_layers: int, n: int = 5) -> tuple[int, ...]:
+    """``n`` target layers spread evenly over ``[1, L-3]`` (DSpark/DFlash default).
+
+    The last layer is never returned: its output is not captured as a hidden
+    state (the LM head consumes it). Small targets yield fewer, distinct ids.
+    """
+    _check_int("default_target_layer_ids", "num_layers", num_layers, lo=2)
+    _check_int("default_target_layer_ids", "n", n, lo=1)
+    lo = min(1, num_layers - 2)
+    hi = max(lo, num_layers - 3)
+    if n == 1:
+        return (lo,)
+    ids = sorted({round(lo + i * (hi - lo) / (n - 1)) for i in range(n)})
+    return tuple(int(i) for i in ids)
+
+
+# --------------------------------------------------------------------------- target
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The target-model facts a drafter is built against and checked against."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        o = "TargetSpec"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"{o}.name must be a non-empty string, got {self.name!r}")
+        _check_int(o, "vocab_size", self.vocab_size, lo=2)
+        _check_int(o, "hidden_size", self.hidden_size, lo=1)
+        _check_int(o, "num_layers", self.num_layers, lo=2)
+        _check_int(o, "num_attention_heads", self.num_attention_heads, lo=1)
+        _check_int(o, "num_key_value_heads", self.num_key_value_heads, lo=1)
+        _check_int(o, "head_dim", self.head_dim, lo=2)
+        _check_int(o, "max_position_embeddings", self.max_position_embeddings, lo=1)
+        object.__setattr__(self, "rope_theta", _check_float(o, "rope_theta", self.rope_theta))
+        object.__setattr__(self, "rms_norm_eps", _check_float(o, "rms_norm_eps", self.rms_norm_eps))
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any, name: str) -> TargetSpec:
+        """Read a Llama/SmolLM2/Qwen3 HF config (object or dict).
+
+        transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; older
+        configs have it at the top level. ``head_dim`` defaults to
+        ``hidden_size // num_attention_heads`` (Llama), Qwen3 states it.
+        """
+
+        def get(key: str, default: Any = None) -> Any:
+            if isinstance(cfg, Mapping):
+                return cfg.get(key, default)
+            return getattr(cfg, key, default)
+
+        def need(key: str) -> Any:
+            value = get(key)
+            if value is None:
+                raise ValueError(f"target HF config for {name!r} has no {key!r}")
+            return value
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        kv_heads = get("num_key_value_heads")
+        head_dim = get("head_dim")
+        rope_theta = get("rope_theta")
+        if rope_theta is None:
+            rope_params = get("rope_parameters") or {}
+            rope_theta = rope_params.get("rope_theta") if isinstance(rope_params, Mapping) else None
+        if rope_theta is None:
+            raise ValueError(
+                f"target HF config for {name!r} has neither rope_theta nor "
+                "rope_parameters['rope_theta']"
+            )
+        return cls(
+            name=name,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            num_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(kv_heads) if kv_heads is not None else heads,
+            head_dim=int(head_dim) if head_dim is not None else hidden // heads,
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(need("rms_norm_eps")),
+            max_position_embeddings=int(need("max_position_embeddings")),
+        )
+
+
+# --------------------------------------------------------------------------- drafter
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSparkConfig:
+    """Architecture of one DSpark drafter (see DSPARK.md, "Drafter").
+
+    ``hidden_size`` equals ``target_hidden_size`` because the embedding and LM
+    head are the target's own (shared, frozen). ``target_layer_ids`` name the
+    *output* of target decoder layer ``l`` (HF ``hidden_states[l + 1]``) and never
+    the last layer. ``sliding_window`` bounds how far back the block looks into
+    the injected context (``None``: unbounded).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    target_hidden_size: int
+    num_hidden_layers: int = 3
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    block_size: int = 7
+    target_layer_ids: tuple[int, ...]
+    target_num_layers: int
+    mask_token_id: int
+    slot_convention: SlotConvention = "anchor_next"
+    sliding_window: int | None = 128
+    ffn_type: FFNType = "moe"
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int
+    shared_expert: bool = True
+    shared_expert_intermediate_size: int
+    markov_head_type: MarkovHeadType = "vanilla"
+    markov_rank: int = 256
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    qk_norm: bool = True
+    target_name: str
+
+    def __post_init__(self) -> None:
+        o = "DSparkConfig"
+        _check_int(o, "vocab_size", self.vocab_size, lo=2)
+        _check_int(o, "hidden_size", self.hidden_size, lo=1)
+        _check_int(o, "target_hidden_size", self.target_hidden_size, lo=1)
+        if self.hidden_size != self.target_hidden_size:
+            raise ValueError(
+                f"{o}.hidden_size ({self.hidden_size}) must equal target_hidden_size "
+                f"({self.target_hidden_size}): the drafter uses the target's embedding and "
+                "LM head; set hidden_size to the target's hidden size"
+            )
+        _check_int(o, "num_hidden_layers", self.num_hidden_layers, lo=1)
+        _check_int(o, "num_attention_heads", self.num_attention_heads, lo=1)
+        _check_int(o, "num_key_value_heads", self.num_key_value_heads, lo=1)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"{o}.num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads}) for grouped-query attention"
+            )
+        _check_int(o, "head_dim", self.head_dim, lo=2)
+        if self.head_dim % 2:
+            raise ValueError(
+                f"{o}.head_dim must be even for rotary embeddings, got {self.head_dim}"
+            )
+        _check_int(o, "intermediate_size", self.intermediate_size, lo=1)
+        object.__setattr__(self, "rms_norm_eps", _check_float(o, "rms_norm_eps", self.rms_norm_eps))
+        object.__setattr__(self, "rope_theta", _check_float(o, "rope_theta", self.rope_theta))
+        _check_int(o, "block_size", self.block_size, lo=1)
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"{o}.block_size must be <= {MAX_BLOCK_SIZE}, got {self.block_size}; "
+                "use a smaller block"
+            )
+        _check_int(o, "max_position_embeddings", self.max_position_embeddings, lo=1)
+        if self.max_position_embeddings < self.block_size:
+            raise ValueError(
+                f"{o}.max_position_embeddings ({self.max_position_embeddings}) must be >= "
+                f"block_size ({self.block_size})"
+            )
+        self._validate_target_layers(o)
+        _check_int(o, "mask_token_id", self.mask_token_id, lo=0)
+        if self.mask_token_id >= self.vocab_size:
+            raise ValueError(
+                f"{o}.mask_token_id ({self.mask_token_id}) must be < vocab_size "
+                f"({self.vocab_size}); pick a token id of the target's vocabulary"
+            )
+        _check_choice(o, "slot_convention", self.slot_convention, SlotConvention)
+        if self.sliding_window is not None:
+            _check_int(o, "sliding_window", self.sliding_window, lo=1)
+        _check_choice(o, "ffn_type", self.ffn_type, FFNType)
+        _check_int(o, "num_experts", self.num_experts, lo=1)
+        _check_int(o, "num_experts_per_tok", self.num_experts_per_tok, lo=1)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"{o}.num_experts_per_tok ({self.num_experts_per_tok}) must be <= "
+                f"num_experts ({self.num_experts})"
+            )
+        _check_int(o, "moe_intermediate_size", self.moe_intermediate_size, lo=1)
+        _check_bool(o, "shared_expert", self.shared_expert)
+        _check_int(o, "shared_expert_intermediate_size", self.shared_expert_intermediate_size, lo=1)
+        _check_choice(o, "markov_head_type", self.markov_head_type, MarkovHeadType)
+        _check_int(o, "markov_rank", self.markov_rank, lo=1)
+        _check_bool(o, "enable_confidence_head", self.enable_confidence_head)
+        _check_bool(o, "confidence_head_with_markov", self.confidence_head_with_markov)
+        if (
+            self.enable_confidence_head
+            and self.confidence_head_with_markov
+            and self.markov_head_type == "none"
+        ):
+            raise ValueError(
+                f"{o}.confidence_head_with_markov=True needs a Markov head (it reads "
+                "E[prev] from markov_w1) but markov_head_type='none'; set "
+                "confidence_head_with_markov=False or choose a Markov head"
+            )
+        _check_bool(o, "qk_norm", self.qk_norm)
+        if not isinstance(self.target_name, str) or not self.target_name:
+            raise ValueError(
+                f"{o}.target_name must be a non-empty string naming the target the "
+                f"drafter was trained for, got {self.target_name!r}"
+            )
+
+    def _validate_target_layers(self, o: str) -> None:
+        _check_int(o, "target_num_layers", self.target_num_layers, lo=2)
+        ids = self.target_layer_ids
+        if isinstance(ids, list):
+            ids = tuple(ids)
+            object.__setattr__(self, "target_layer_ids", ids)
+        if not isinstance(ids, tuple) or not ids:
+            raise ValueError(f"{o}.target_layer_ids must be a non-empty tuple of ints, got {ids!r}")
+        last = self.target_num_layers - 1
+        for i, lid in enumerate(ids):
+            _check_int(o, f"target_layer_ids[{i}]", lid, lo=0)
+            if lid >= last:
+                raise ValueError(
+                    f"{o}.target_layer_ids[{i}]={lid} is out of range: ids must be in "
+                    f"[0, {last - 1}] (the target has {self.target_num_layers} layers and its "
+                    "last layer's output is never captured); use default_target_layer_ids()"
+                )
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{o}.target_layer_ids must not repeat a layer, got {ids}")
+
+    # ------------------------------------------------------------------ builders
+
+    @property
+    def num_context_features(self) -> int:
+        """How many target layers are concatenated into one context row."""
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def for_target(cls, spec: TargetSpec, *, mask_token_id: int, **overrides: Any) -> DSparkConfig:
+        """A sensible default drafter for ``spec`` (production shape, DSPARK.md).
+
+        Attention geometry and RoPE follow the target (its embedding feeds the
+        drafter); five target layers spread over ``[1, L-3]``; the FFN is a
+        3-layer MoE whose active width (2 of 8 experts of I/4 plus a shared
+        expert of I/2) matches a dense SwiGLU of width I.
+        """
+        inter = overrides.get("intermediate_size", 64 * math.ceil(8 * spec.hidden_size / 3 / 64))
+        fields: dict[str, Any] = {
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.hidden_size,
+            "target_hidden_size": spec.hidden_size,
+            "num_attention_heads": spec.num_attention_heads,
+            "num_key_value_heads": spec.num_key_value_heads,
+            "head_dim": spec.head_dim,
+            "intermediate_size": inter,
+            "rms_norm_eps": spec.rms_norm_eps,
+            "rope_theta": spec.rope_theta,
+            "max_position_embeddings": spec.max_position_embeddings,
+            "target_layer_ids": default_target_layer_ids(spec.num_layers, n=5),
+            "target_num_layers": spec.num_layers,
+            "mask_token_id": mask_token_id,
+            "moe_intermediate_size": max(1, inter // 4),
+            "shared_expert_intermediate_size": max(1, inter // 2),
+            "target_name": spec.name,
+        }
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"DSparkConfig.for_target got unknown overrides {sorted(unknown)}")
+        fields.update(overrides)
+        return cls(**fields)
+
+    # ------------------------------------------------------------------ HF JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        out["target_layer_ids"] = list(self.target_layer_ids)
+        return out
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """HF ``config.json`` content (see the module docstring for the layout)."""
+        d = self.to_dict()
+        hf: dict[str, Any] = {"architectures": [HF_ARCHITECTURE], "model_type": HF_MODEL_TYPE}
+        hf.update({k: d[k] for k in _HF_MIRRORED_FIELDS})
+        hf["dspark_config"] = d
+        hf["dflash_config"] = {k: d[k] for k in _DFLASH_FIELDS}
+        return hf
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DSparkConfig:
+        """Inverse of ``to_dict``; unknown or missing keys are refused."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        missing = sorted(names - set(d))
+        if unknown:
+            raise ValueError(
+                f"dspark_config has unknown keys {unknown}; remove them (known: {sorted(names)})"
+            )
+        if missing:
+            raise ValueError(f"dspark_config is missing keys {missing}; add them")
+        fields = dict(d)
+        if isinstance(fields["target_layer_ids"], list):
+            fields["target_layer_ids"] = tuple(fields["target_layer_ids"])
+        return cls(**fields)
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> DSparkConfig:
+        """Parse ``to_hf_dict`` output, checking the mirrors agree with ``dspark_config``."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"DSpark HF config must be a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - _HF_TOP_LEVEL_KEYS)
+        missing = sorted(_HF_TOP_LEVEL_KEYS - set(d))
+        if unknown:
+            raise ValueError(f"DSpark HF config has unknown top-level keys {unknown}; remove them")
+        if missing:
+            raise ValueError(f"DSpark HF config is missing top-level keys {missing}; add them")
+        if d["architectures"] != [HF_ARCHITECTURE]:
+            raise ValueError(
+                f"DSpark HF config architectures must be [{HF_ARCHITECTURE!r}], "
+                f"got {d['architectures']!r}"
+            )
+        if d["model_type"] != HF_MODEL_TYPE:
+            raise ValueError(
+                f"DSpark HF config model_type must be {HF_MODEL_TYPE!r}, got {d['model_type']!r}"
+            )
+        inner = d["dspark_config"]
+        if not isinstance(inner, Mapping):
+            raise ValueError("DSpark HF config dspark_config must be a JSON object")
+        config = cls.from_dict(inner)
+        expected = config.to_hf_dict()
+        for key in _HF_MIRRORED_FIELDS:
+            if d[key] != expected[key]:
+                raise ValueError(
+                    f"DSpark HF config top-level {key}={d[key]!r} disagrees with "
+                    f"dspark_config.{key}={expected[key]!r}; make them equal"
+                )
+        dflash = d["dflash_config"]
+        if not isinstance(dflash, Mapping) or dict(dflash) != expected["dflash_config"]:
+            raise ValueError(
+                f"DSpark HF config dflash_config={dflash!r} must be exactly "
+                f"{expected['dflash_config']!r} (a mirror of dspark_config)"
+            )
+        return config

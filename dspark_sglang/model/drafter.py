@@ -1,0 +1,302 @@
+"""The DSpark drafter backbone: one parallel pass over a block (DSPARK.md, "Drafter").
+
+For a request whose last accepted token ``x_p`` sits at absolute position ``p``:
+
+    x^0      = [Emb(x_p), Emb(m), ..., Emb(m)]          B rows, positions p .. p+B-1
+    c        = hidden_norm(fc(concat_l h_t^(l)))          target context rows (positions < p)
+    for each draft layer:
+        x    = x + Attn(input_layernorm(x) | context c)  (attention.py: c -> extra K/V)
+        x    = x + FFN(post_attention_layernorm(x))     (moe.py: MoE or dense SwiGLU)
+    h        = norm(x)                                   [B, H]
+    z        = LMHead(h)                                 base logits; slot k predicts x_{p+k+1}
+
+``m`` is ``mask_token_id``; ``Emb`` and ``LMHead`` are the target's, shared and
+frozen, and deliberately *not* submodules: they never appear in ``parameters()``
+or in a saved drafter checkpoint. The sequential Markov head and confidence head
+(heads.py) run on ``(h, z)`` afterwards (block_sampler.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dspark_sglang.model.attention import (
+    DSparkAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    context_visibility,
+)
+from dspark_sglang.model.config import DSparkConfig
+from dspark_sglang.model.heads import (
+    ConfidenceHead,
+    MarkovHead,
+    build_confidence_head,
+    build_markov_head,
+)
+from dspark_sglang.model.moe import DenseFFN, ExpertBank, MoEFFN
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """Output of one parallel drafter pass (leading dims ``[N]`` or ``[S, A]``).
+
+    ``hidden`` ``[..., B, H]`` is after the final norm (it also feeds the Markov
+    and confidence heads); ``base_logits`` ``[..., B, V]`` are float32 LM-head
+    logits before any Markov bias; ``aux_loss`` is the summed MoE load-balancing
+    loss of all layers (0 for dense FFNs).
+    """
+
+    hidden: torch.Tensor
+    base_logits: torch.Tensor
+    aux_loss: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AnchorHidden:
+    """Output of ``forward_anchors``: ``hidden`` ``[S, A, B, H]`` and the MoE aux loss.
+
+    Base logits are left to the caller (``DSparkDrafter.compute_base_logits``),
+    because training applies the LM head to sampled positions only.
+    """
+
+    hidden: torch.Tensor
+    aux_loss: torch.Tensor
+
+
+class DSparkDecoderLayer(nn.Module):
+    """Pre-norm transformer layer whose attention also reads the injected context."""
+
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.self_attn = DSparkAttention(
+            h,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.rms_norm_eps,
+            config.qk_norm,
+        )
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.mlp: MoEFFN | DenseFFN
+        if config.ffn_type == "moe":
+            self.mlp = MoEFFN(
+                h,
+                config.num_experts,
+                config.num_experts_per_tok,
+                config.moe_intermediate_size,
+                config.shared_expert_intermediate_size if config.shared_expert else None,
+            )
+        else:
+            self.mlp = DenseFFN(h, config.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        context: torch.Tensor,
+        context_rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.self_attn(self.input_layernorm(x), rope, context, context_rope, mask)
+        y, aux = self.mlp(self.post_attention_layernorm(x))
+        return x + y, aux
+
+
+class DSparkDrafter(nn.Module):
+    """DSpark draft model over a shared, frozen target embedding and LM head."""
+
+    def __init__(
+        self, config: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear
+    ) -> None:
+        super().__init__()
+        if tuple(embed_tokens.weight.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(
+                f"embed_tokens has shape {tuple(embed_tokens.weight.shape)}, the config needs "
+                f"(vocab_size={config.vocab_size}, hidden_size={config.hidden_size}); pass the "
+                "target's input embedding"
+            )
+        if tuple(lm_head.weight.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(
+                f"lm_head has shape {tuple(lm_head.weight.shape)}, the config needs "
+                f"(vocab_size={config.vocab_size}, hidden_size={config.hidden_size}); pass the "
+                "target's LM head"
+            )
+        self.config = config
+        embed_tokens.requires_grad_(False)
+        lm_head.requires_grad_(False)
+        # A tuple is not registered by nn.Module: the target's modules stay out of
+        # parameters(), state_dict() and .to() (they belong to the target).
+        self._shared: tuple[nn.Embedding, nn.Linear] = (embed_tokens, lm_head)
+
+        h = config.hidden_size
+        self.fc = nn.Linear(config.num_context_features * config.target_hidden_size, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            [DSparkDecoderLayer(config) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.markov_head: MarkovHead | None = build_markov_head(config)
+        self.confidence_head: ConfidenceHead | None = build_confidence_head(config)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._shared[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Normal(0, std) matrices, zero biases, unit norms (HF-style init)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+            elif isinstance(module, ExpertBank):
+                nn.init.normal_(module.gate_up_proj, std=std)
+                nn.init.normal_(module.down_proj, std=std)
+
+    def project_context(self, context_hidden: torch.Tensor) -> torch.Tensor:
+        """``c = hidden_norm(fc(concat_l h^(l)))``: ``[..., n*H_t] -> [..., H]``."""
+        expected = self.fc.in_features
+        if context_hidden.shape[-1] != expected:
+            raise ValueError(
+                f"context_hidden has {context_hidden.shape[-1]} features, expected {expected} "
+                f"({self.config.num_context_features} target layers x "
+                f"{self.config.target_hidden_size}); capture target_layer_ids="
+                f"{self.config.target_layer_ids}"
+            )
+        return self.hidden_norm(self.fc(context_hidden.to(self.fc.weight.dtype)))
+
+    def block_input_ids(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
+        """``[..., B]``: the anchor followed by ``B-1`` mask tokens."""
+        ids = anchor_tokens.new_full(
+            (*anchor_tokens.shape, self.block_size), self.config.mask_token_id
+        )
+        ids[..., 0] = anchor_tokens
+        return ids
+
+    def compute_base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target LM head on draft hidden states, as float32 logits."""
+        head = self.lm_head
+        return head(hidden.to(head.weight.dtype)).float()
+
+    def _run_layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        context: torch.Tensor,
+        context_positions: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shared by both entry points: ``x [N,Q,H]`` -> ``(norm(x_L) [N,Q,H], aux)``."""
+        rope = self.rotary(positions)
+        context_rope = self.rotary(context_positions)
+        aux = x.new_zeros((), dtype=torch.float32)
+        for layer in self.layers:
+            x, layer_aux = layer(x, rope, context, context_rope, mask)
+            aux = aux + layer_aux
+        return self.norm(x), aux
+
+    # ------------------------------------------------------------------ inference
+
+    def forward_block(
+        self,
+        context_hidden: torch.Tensor,
+        context_positions: torch.Tensor,
+        context_valid: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        anchor_positions: torch.Tensor,
+    ) -> DraftBlock:
+        """One block per request for ``N`` requests.
+
+        ``context_hidden`` ``[N, C, n*H_t]`` (raw concatenated target layers),
+        ``context_positions`` ``[N, C]`` int64 absolute positions,
+        ``context_valid`` ``[N, C]`` bool (False = padding of a ragged batch),
+        ``anchor_tokens``/``anchor_positions`` ``[N]``. Rows at positions ``>= p``
+        or ``< p - W`` are masked, so callers may pass a superset of the context.
+        """
+        n, b = anchor_tokens.shape[0], self.block_size
+        x = self.embed_tokens(self.block_input_ids(anchor_tokens)).to(self.fc.weight.dtype)
+        positions = anchor_positions.long().unsqueeze(-1) + torch.arange(b, device=x.device)
+        context = self.project_context(context_hidden)
+        ctx_mask = context_visibility(
+            context_positions.long(),
+            context_valid.bool(),
+            anchor_positions.long().unsqueeze(-1),
+            self.config.sliding_window,
+        ).expand(n, b, -1)
+        block_mask = torch.ones(n, b, b, dtype=torch.bool, device=x.device)
+        mask = torch.cat([ctx_mask, block_mask], dim=-1)
+        hidden, aux = self._run_layers(x, positions, context, context_positions.long(), mask)
+        return DraftBlock(hidden=hidden, base_logits=self.compute_base_logits(hidden), aux_loss=aux)
+
+    def forward(
+        self,
+        context_hidden: torch.Tensor,
+        context_positions: torch.Tensor,
+        context_valid: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        anchor_positions: torch.Tensor,
+    ) -> DraftBlock:
+        """Alias of ``forward_block``."""
+        return self.forward_block(
+            context_hidden, context_positions, context_valid, anchor_tokens, anchor_positions
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def forward_anchors(
+        self,
+        context_hidden: torch.Tensor,
+        anchors: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        context_valid: torch.Tensor | None = None,
+    ) -> AnchorHidden:
+        """Many blocks per sequence in one pass (training).
+
+        ``context_hidden`` ``[S, T, n*H_t]`` holds the target hidden states of
+        positions ``0..T-1``; ``anchors`` ``[S, A]`` are anchor positions and
+        ``anchor_tokens`` ``[S, A]`` the tokens there; ``context_valid`` ``[S, T]``
+        marks real (non-padding) positions. The ``A*B`` block rows of a sequence
+        form one query set and one mask: row ``(a, j)`` sees context ``t`` iff
+        ``t < p_a`` (and within the window) and block rows ``(a, *)`` only, so the
+        result equals ``A`` separate ``forward_block`` calls.
+        """
+        s, t = context_hidden.shape[:2]
+        a, b = anchors.shape[1], self.block_size
+        device = context_hidden.device
+        anchors = anchors.long()
+        x = self.embed_tokens(self.block_input_ids(anchor_tokens)).to(self.fc.weight.dtype)
+        x = x.reshape(s, a * b, -1)
+        positions = (anchors.unsqueeze(-1) + torch.arange(b, device=device)).reshape(s, a * b)
+        context_positions = torch.arange(t, device=device).expand(s, t)
+        if context_valid is None:
+            context_valid = torch.ones(s, t, dtype=torch.bool, device=device)
+        ctx_mask = context_visibility(
+            context_positions, context_valid.bool(), anchors, self.config.sliding_window
+        )  # [S, A, T]
+        ctx_mask = ctx_mask.unsqueeze(2).expand(s, a, b, t).reshape(s, a * b, t)
+        block_of_row = torch.arange(a, device=device).repeat_interleave(b)
+        block_mask = (block_of_row[:, None] == block_of_row[None, :]).expand(s, -1, -1)
+        mask = torch.cat([ctx_mask, block_mask], dim=-1)
+        context = self.project_context(context_hidden)
+        hidden, aux = self._run_layers(x, positions, context, context_positions, mask)
+        return AnchorHidden(hidden=hidden.reshape(s, a, b, -1), aux_loss=aux)

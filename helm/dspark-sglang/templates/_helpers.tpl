@@ -1,0 +1,171 @@
+{{/*
+Naming, labels and the per-tier merge. Every per-tier template starts from
+"dspark.tier" so defaults are applied in exactly one place.
+*/}}
+
+{{- define "dspark.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Truncated to 40 so "<fullname>-<tier>" (tier <= 20) stays a valid 63-char DNS label. */}}
+{{- define "dspark.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dspark.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dspark.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dspark.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dspark.labels" -}}
+helm.sh/chart: {{ include "dspark.chart" . }}
+{{ include "dspark.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* args: dict "root" $ "t" $tier */}}
+{{- define "dspark.tierName" -}}
+{{- printf "%s-%s" (include "dspark.fullname" .root) .t.name -}}
+{{- end -}}
+
+{{- define "dspark.tierSelectorLabels" -}}
+{{ include "dspark.selectorLabels" .root }}
+app.kubernetes.io/component: server
+dspark-sglang.io/sla-tier: {{ .t.name }}
+{{- end -}}
+
+{{- define "dspark.tierLabels" -}}
+{{ include "dspark.labels" .root }}
+app.kubernetes.io/component: server
+dspark-sglang.io/sla-tier: {{ .t.name }}
+{{- end -}}
+
+{{- define "dspark.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dspark.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dspark.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+dspark.tiers: the slaTiers list with tierDefaults merged in, as YAML ({tiers: [...]}).
+Also the single place for the cross-field checks JSON Schema cannot express, so a
+release rendered with --skip-schema-validation still fails with a clear message.
+*/}}
+{{- define "dspark.tiers" -}}
+{{- $out := list -}}
+{{- $seen := dict -}}
+{{- range $i, $tier := .Values.slaTiers -}}
+{{- $t := mergeOverwrite (deepCopy $.Values.tierDefaults) (deepCopy $tier) -}}
+{{- $where := printf "slaTiers[%d] (%s)" $i $t.name -}}
+{{- if hasKey $seen $t.name -}}
+{{- fail (printf "%s: duplicate tier name %q; every tier needs its own name (it names the Deployment and Service)" $where $t.name) -}}
+{{- end -}}
+{{- $_ := set $seen $t.name true -}}
+{{- $tp := int $t.tp -}}
+{{- $gpus := int $t.gpusPerPod -}}
+{{- $nodes := int (default 1 $t.nodes) -}}
+{{- if ne (mod (mul $gpus $nodes) $tp) 0 -}}
+{{- fail (printf "%s: tp=%d does not divide the %d GPUs of a replica (gpusPerPod=%d x nodes=%d); pick a tp that divides the GPU count" $where $tp (mul $gpus $nodes) $gpus $nodes) -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (ne $tp (mul $gpus $nodes)) -}}
+{{- fail (printf "%s: multi-node tiers run one tensor-parallel group across all nodes, so tp must equal gpusPerPod x nodes = %d (got tp=%d)" $where (mul $gpus $nodes) $tp) -}}
+{{- end -}}
+{{- $s := $t.scheduler -}}
+{{- if and (hasKey $s "staticK") (gt (int $s.staticK) (int $s.blockSize)) -}}
+{{- fail (printf "%s: scheduler.staticK=%d exceeds scheduler.blockSize=%d; a static policy cannot verify more drafts than the block holds" $where (int $s.staticK) (int $s.blockSize)) -}}
+{{- end -}}
+{{- if and $t.autoscaling.enabled (lt (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
+{{- fail (printf "%s: autoscaling.maxReplicas=%d < minReplicas=%d" $where (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
+{{- end -}}
+{{- $_ := set $t "nodes" $nodes -}}
+{{- $out = append $out $t -}}
+{{- end -}}
+{{- if and .Values.apiKey.enabled (not .Values.apiKey.existingSecret) (not .Values.apiKey.value) -}}
+{{- fail "apiKey.enabled=true needs apiKey.existingSecret (recommended) or apiKey.value" -}}
+{{- end -}}
+{{- toYaml (dict "tiers" $out) -}}
+{{- end -}}
+
+{{/* Mount paths the plugin and SGLang read (kept in one place). */}}
+{{- define "dspark.schedulerConfigPath" -}}/etc/dspark/scheduler/scheduler.yaml{{- end -}}
+{{- define "dspark.costTablePath" -}}/etc/dspark/cost-table/sps.json{{- end -}}
+{{- define "dspark.stsPath" -}}/etc/dspark/sts/sts.json{{- end -}}
+
+{{/* args: dict "root" $ "t" $tier -> name of the ConfigMap holding sps.json */}}
+{{- define "dspark.costTableConfigMap" -}}
+{{- $c := .t.costTable -}}
+{{- if $c.inline -}}{{ include "dspark.tierName" . }}-cost-table
+{{- else if $c.configMapName -}}{{ $c.configMapName }}
+{{- else -}}dspark-cost-table-{{ $c.hardwareGroup }}
+{{- end -}}
+{{- end -}}
+
+{{- define "dspark.costTableKey" -}}
+{{- if .t.costTable.inline -}}sps.json{{- else -}}{{ default "sps.json" .t.costTable.key }}{{- end -}}
+{{- end -}}
+
+{{- define "dspark.stsConfigMap" -}}
+{{- if .t.sts.inline -}}{{ include "dspark.tierName" . }}-sts
+{{- else -}}{{ .t.sts.configMapName }}
+{{- end -}}
+{{- end -}}
+
+{{- define "dspark.stsKey" -}}
+{{- if .t.sts.inline -}}sts.json{{- else -}}{{ default "sts.json" .t.sts.key }}{{- end -}}
+{{- end -}}
+
+{{/*
+The scheduler config the plugin reads from $DSPARK_SCHEDULER_CONFIG
+(dspark_sglang/scheduling/config.py field names). Optional knobs are written only
+when set, so the plugin's own defaults apply otherwise.
+*/}}
+{{- define "dspark.schedulerConfig" -}}
+{{- $s := .t.scheduler -}}
+policy: {{ $s.policy }}
+block_size: {{ int $s.blockSize }}
+{{- if hasKey $s "staticK" }}
+static_k: {{ int $s.staticK }}
+{{- end }}
+{{- if hasKey $s "lagSteps" }}
+lag_steps: {{ int $s.lagSteps }}
+{{- end }}
+max_verify_tokens: {{ int $s.maxVerifyTokens }}
+max_running_requests: {{ int $s.maxRunningRequests }}
+cost_table_path: {{ include "dspark.costTablePath" . }}
+sts_path: {{ include "dspark.stsPath" . }}
+sla_name: {{ .t.name }}
+min_tokens_per_sec_per_user: {{ .t.minTokensPerSecPerUser }}
+greedy_only: {{ $s.greedyOnly | default false }}
+{{- end -}}
+
+{{/* Everything a tier's pods read from ConfigMaps this chart owns: its hash rolls the pods. */}}
+{{- define "dspark.tierConfigData" -}}
+{{ include "dspark.schedulerConfig" . }}
+{{ toJson .t.costTable }}
+{{ toJson .t.sts }}
+{{- end -}}

@@ -1,0 +1,624 @@
+"""The Helm chart renders, validates and carries each SLA tier's exact settings.
+
+What is checked, for every values file the chart ships (values.yaml + examples/*.yaml):
+- ``helm lint --strict`` and ``helm template`` succeed (the real helm binary that
+  scripts/install_helm.sh pins; no cluster needed);
+- every rendered built-in object validates with kubernetes-validate --strict against
+  Kubernetes 1.30 and 1.35. CRD objects (ServiceMonitor, PrometheusRule,
+  LeaderWorkerSet, RayJob) have no schema there, so they get a structural check of our
+  own: required fields and types, cross-references (the ServiceMonitor selects every
+  tier Service, alerts link runbooks that exist) and their embedded pod templates are
+  validated as real core/v1 Pods;
+- each tier's SGLang command line and scheduler ConfigMap hold exactly that tier's
+  settings (computed here independently from the values file);
+- bad values are rejected with a message naming the problem;
+- ``helm template`` output for one tier is byte-stable (golden file). Regenerate after an
+  intended chart change with:
+      DSPARK_UPDATE_GOLDEN=1 python -m pytest tests/helm -k golden
+  and review the diff of tests/helm/golden/rendered.yaml.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+pytestmark = pytest.mark.helm
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "dspark-sglang"
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+RUNBOOKS = ROOT / "deploy" / "runbooks"
+RELEASE = "dspark"
+NAMESPACE = "llm"
+K8S_VERSIONS = ("1.30.0", "1.35.0")
+SHIPPED = [CHART / "values.yaml", *sorted((CHART / "examples").glob("*.yaml"))]
+SHIPPED_IDS = [p.name for p in SHIPPED]
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "LeaderWorkerSet", "RayJob"}
+
+Manifest = dict[str, Any]
+
+
+def helm_bin() -> str:
+    """The pinned helm binary; missing means the dev setup was skipped, which is an error."""
+    env = os.environ.get("DSPARK_HELM")
+    cache = Path(
+        os.environ.get("DSPARK_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-sglang"
+    )
+    path = Path(env) if env else cache / "bin" / "helm"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"helm not found at {path}: run `bash scripts/setup.sh` "
+            "(or `bash scripts/install_helm.sh`), or point $DSPARK_HELM at a helm v4 binary"
+        )
+    return str(path)
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm_bin(), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@functools.cache
+def render_text(values_file: Path) -> str:
+    proc = run_helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file)
+    )
+    assert proc.returncode == 0, f"helm template -f {values_file.name} failed:\n{proc.stderr}"
+    return proc.stdout
+
+
+def render(values_file: Path) -> list[Manifest]:
+    return [d for d in yaml.safe_load_all(render_text(values_file)) if d]
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's value merge: maps merge recursively, everything else (lists too) is replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def effective_values(values_file: Path) -> dict[str, Any]:
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return deep_merge(defaults, yaml.safe_load(values_file.read_text()) or {})
+
+
+def tiers_of(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return [deep_merge(values["tierDefaults"], t) for t in values["slaTiers"]]
+
+
+def by_kind_name(docs: list[Manifest]) -> dict[tuple[str, str], Manifest]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def pod_specs(doc: Manifest) -> list[dict[str, Any]]:
+    """Every pod spec a workload-ish object carries (so all get the same checks)."""
+    kind, spec = doc["kind"], doc.get("spec", {})
+    if kind in ("Deployment", "Job"):
+        return [spec["template"]["spec"]]
+    if kind == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        return [lwt["leaderTemplate"]["spec"], lwt["workerTemplate"]["spec"]]
+    if kind == "RayJob":
+        rc = spec["rayClusterSpec"]
+        return [rc["headGroupSpec"]["template"]["spec"]] + [
+            g["template"]["spec"] for g in rc["workerGroupSpecs"]
+        ]
+    return []
+
+
+def args_map(args: list[str]) -> dict[str, str | None]:
+    """`--flag value` / bare `--flag` pairs; a repeated flag is an error (ambiguous CLI)."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        assert flag.startswith("--"), f"stray argument {flag!r} in {args}"
+        assert flag not in out, f"{flag} given twice in {args}"
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[flag] = args[i + 1]
+            i += 2
+        else:
+            out[flag] = None
+            i += 1
+    return out
+
+
+# --- 1. lint + template -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
+def test_lint_strict_and_template(values_file: Path) -> None:
+    proc = run_helm("lint", "--strict", str(CHART), "-f", str(values_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+    # Helm 4's lint reports a template `fail` only as an INFO log line; treat it as failure.
+    assert "funcMap fail" not in proc.stdout + proc.stderr, proc.stderr
+    docs = render(values_file)
+    kinds = {d["kind"] for d in docs}
+    assert {"ConfigMap", "Service", "NetworkPolicy", "PodDisruptionBudget"} <= kinds
+    assert kinds & {"Deployment", "LeaderWorkerSet"}
+
+
+# --- 2. kubernetes-validate --strict, plus structural checks for CRDs ---------------
+
+
+def validate_pod_spec(spec: dict[str, Any], where: str) -> None:
+    """Embedded pod templates of CRDs are validated as real Pods by the k8s schema."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": spec}
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(pod, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{where}: pod template invalid for k8s {version}: {e}") from e
+
+
+DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
+
+
+def check_service_monitor(doc: Manifest, docs: list[Manifest]) -> None:
+    spec = doc["spec"]
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    sel = spec["selector"]["matchLabels"]
+    assert isinstance(sel, dict) and sel
+    assert spec["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert services
+    for svc in services:  # every tier's Service is scraped, via a port it really has
+        labels = svc["metadata"]["labels"]
+        assert sel.items() <= labels.items(), f"ServiceMonitor misses {svc['metadata']['name']}"
+        assert "dspark-sglang.io/sla-tier" in labels
+    port_names = {p["name"] for svc in services for p in svc["spec"]["ports"]}
+    for ep in spec["endpoints"]:
+        assert ep["port"] in port_names
+        assert ep["path"] == "/metrics"
+        assert DURATION.match(ep["interval"]) and DURATION.match(ep["scrapeTimeout"])
+        src = [r for r in ep["relabelings"] if r.get("targetLabel") == "sla_tier"]
+        assert src[0]["sourceLabels"] == [
+            "__meta_kubernetes_service_label_dspark_sglang_io_sla_tier"
+        ]
+
+
+KNOWN_SERIES = re.compile(r"\b(dspark_[a-z_]+|sglang:[a-z_]+|dspark:[a-z_0-9:]+)")
+EMITTED = {
+    # worker plugin (dspark_sglang.sglang_integration)
+    "dspark_accepted_length_sum",
+    "dspark_accepted_length_count",
+    "dspark_verify_budget_tokens_sum",
+    "dspark_verify_budget_tokens_count",
+    "dspark_fallback_total",
+    "dspark_rounds_total",
+    # SGLang 0.5.23 metrics_collector
+    "sglang:request_time_per_output_token_seconds_bucket",
+    "sglang:num_requests_total",
+}
+
+
+def check_prometheus_rule(doc: Manifest, tiers: list[dict[str, Any]]) -> None:
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    recorded: set[str] = set()
+    alerts: list[dict[str, Any]] = []
+    for group in doc["spec"]["groups"]:
+        assert isinstance(group["name"], str) and group["rules"]
+        for rule in group["rules"]:
+            assert ("record" in rule) != ("alert" in rule), rule
+            expr = rule["expr"]
+            assert isinstance(expr, str)
+            assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}")
+            if "record" in rule:
+                recorded.add(rule["record"])
+            else:
+                alerts.append(rule)
+                assert DURATION.match(rule["for"])
+                assert rule["labels"]["severity"] in {"warning", "critical"}
+                runbook = rule["annotations"]["runbook_url"].rsplit("/", 1)[-1]
+                assert (RUNBOOKS / runbook).is_file(), f"{rule['alert']} links missing {runbook}"
+    for rule in (r for g in doc["spec"]["groups"] for r in g["rules"]):
+        # Label matchers and grouping clauses name labels, not series: drop them first.
+        expr = re.sub(r"\{[^}]*\}", "", rule["expr"])
+        expr = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", "", expr)
+        for series in KNOWN_SERIES.findall(expr):
+            assert series in EMITTED or series in recorded, f"unknown series {series}"
+    names = [a["alert"] for a in alerts]
+    assert {"DSparkAcceptanceCollapse", "DSparkFallbackRateHigh"} <= set(names)
+    breach = {a["labels"]["sla_tier"]: a["expr"] for a in alerts if a["alert"] == "DSparkSLABreach"}
+    assert set(breach) == {t["name"] for t in tiers}
+    for t in tiers:  # each tier is held to its own target, not another tier's
+        assert re.search(rf"< {re.escape(str(t['minTokensPerSecPerUser']))}\s*$", breach[t["name"]])
+
+
+def check_lws(doc: Manifest, tiers: list[dict[str, Any]]) -> None:
+    assert doc["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    spec = doc["spec"]
+    tier = next(t for t in tiers if doc["metadata"]["name"].endswith("-" + t["name"]))
+    lwt = spec["leaderWorkerTemplate"]
+    assert lwt["size"] == tier["nodes"] >= 2
+    assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"]["maxUnavailable"] == 0
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "readinessProbe" in leader and "readinessProbe" not in worker  # leader only
+    for c in (leader, worker):
+        a = args_map(c["args"])
+        assert a["--nnodes"] == "$(LWS_GROUP_SIZE)"
+        assert a["--node-rank"] == "$(LWS_WORKER_INDEX)"
+        assert a["--tp"] == str(tier["tp"])
+
+
+def check_rayjob(doc: Manifest) -> None:
+    assert doc["apiVersion"] == "ray.io/v1"
+    spec = doc["spec"]
+    assert spec["entrypoint"].startswith("dspark-sglang profile --ray-address ")
+    assert spec["shutdownAfterJobFinishes"] is True
+    rc = spec["rayClusterSpec"]
+    assert isinstance(rc["headGroupSpec"]["rayStartParams"], dict)
+    for g in rc["workerGroupSpecs"]:
+        assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+        assert all(isinstance(v, str) for v in g["rayStartParams"].values())
+
+
+@pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
+def test_manifests_validate_against_k8s_schemas(values_file: Path) -> None:
+    docs = render(values_file)
+    tiers = tiers_of(effective_values(values_file))
+    for t in tiers:
+        t.setdefault("nodes", 1)
+    crds_seen: set[str] = set()
+    for doc in docs:
+        where = f"{values_file.name}: {doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] in CRD_KINDS:
+            crds_seen.add(doc["kind"])
+            # The validator really has no schema for these (else it must be used instead).
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
+            for i, spec in enumerate(pod_specs(doc)):
+                validate_pod_spec(spec, f"{where} pod template {i}")
+            if doc["kind"] == "ServiceMonitor":
+                check_service_monitor(doc, docs)
+            elif doc["kind"] == "PrometheusRule":
+                check_prometheus_rule(doc, tiers)
+            elif doc["kind"] == "LeaderWorkerSet":
+                check_lws(doc, tiers)
+            else:
+                check_rayjob(doc)
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                raise AssertionError(f"{where} invalid for k8s {version}: {e}") from e
+    assert {"ServiceMonitor", "PrometheusRule"} <= crds_seen
+
+
+def test_strict_validation_catches_unknown_fields() -> None:
+    """Guards the test above: --strict really rejects a misspelt field in our output."""
+    dep = next(d for d in render(SHIPPED[0]) if d["kind"] == "Deployment")
+    bad = copy.deepcopy(dep)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+# --- 3. each tier's command line and scheduler config carry exactly its settings ----
+
+SCHED_PATH = "/etc/dspark/scheduler/scheduler.yaml"
+SPS_PATH = "/etc/dspark/cost-table/sps.json"
+STS_PATH = "/etc/dspark/sts/sts.json"
+
+
+def expected_scheduler_config(tier: dict[str, Any]) -> dict[str, Any]:
+    s = tier["scheduler"]
+    cfg: dict[str, Any] = {
+        "policy": s["policy"],
+        "block_size": s["blockSize"],
+        "max_verify_tokens": s["maxVerifyTokens"],
+        "max_running_requests": s["maxRunningRequests"],
+        "cost_table_path": SPS_PATH,
+        "sts_path": STS_PATH,
+        "sla_name": tier["name"],
+        "min_tokens_per_sec_per_user": tier["minTokensPerSecPerUser"],
+        "greedy_only": s.get("greedyOnly", False),
+    }
+    if "staticK" in s:
+        cfg["static_k"] = s["staticK"]
+    if "lagSteps" in s:
+        cfg["lag_steps"] = s["lagSteps"]
+    return cfg
+
+
+def mounted_configmap(
+    spec: dict[str, Any], container: dict[str, Any], path: str
+) -> tuple[str, str]:
+    """(ConfigMap name, key) that ends up at `path` inside the container."""
+    for m in container["volumeMounts"]:
+        prefix = m["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            vol = next(v for v in spec["volumes"] if v["name"] == m["name"])
+            item = next(i for i in vol["configMap"]["items"] if i["path"] == path[len(prefix) :])
+            return vol["configMap"]["name"], item["key"]
+    raise AssertionError(f"nothing mounted at {path}")
+
+
+@pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
+def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path) -> None:
+    values = effective_values(values_file)
+    docs = render(values_file)
+    index = by_kind_name(docs)
+    prefix = f"{RELEASE}-dspark-sglang"
+    tiers = tiers_of(values)
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "LeaderWorkerSet")]
+    assert len(workloads) == len(tiers)
+    for tier in tiers:
+        name = f"{prefix}-{tier['name']}"
+        nodes = tier.get("nodes", 1)
+        kind = "Deployment" if nodes == 1 else "LeaderWorkerSet"
+        workload = index[(kind, name)]
+        for spec in pod_specs(workload):
+            c = spec["containers"][0]
+            assert c["command"] == ["python", "-m", "sglang.launch_server"]
+            a = args_map(c["args"])
+            s = tier["scheduler"]
+            dp = tier["gpusPerPod"] * nodes // tier["tp"]
+            assert a["--tp"] == str(tier["tp"])
+            assert a.get("--dp-size") == (str(dp) if dp > 1 else None)
+            assert a["--speculative-algorithm"] == "DSPARK_MOE"
+            assert a["--speculative-num-draft-tokens"] == str(s["blockSize"])
+            assert a["--max-running-requests"] == str(s["maxRunningRequests"])
+            assert a["--speculative-dspark-sps-table-path"] == SPS_PATH
+            assert a["--speculative-dspark-confidence-sts-path"] == STS_PATH
+            assert a["--model-path"] == values["model"]["targetPath"]
+            assert a["--speculative-draft-model-path"] == values["model"]["drafterPath"]
+            assert "--enable-metrics" in a and a["--port"] == str(values["server"]["port"])
+            assert ("--api-key" in a) == values["apiKey"]["enabled"]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["DSPARK_SCHEDULER_CONFIG"] == SCHED_PATH
+            assert env["DSPARK_SLA_TIER"] == tier["name"]
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == str(tier["gpusPerPod"])
+
+            cm_name, key = mounted_configmap(spec, c, SCHED_PATH)
+            assert cm_name == f"{name}-scheduler"
+            rendered = yaml.safe_load(index[("ConfigMap", cm_name)]["data"][key])
+            assert rendered == expected_scheduler_config(tier)
+
+            cost = tier["costTable"]
+            cm_name, key = mounted_configmap(spec, c, SPS_PATH)
+            if "inline" in cost:
+                assert (cm_name, key) == (f"{name}-cost-table", "sps.json")
+                got = yaml.safe_load(index[("ConfigMap", cm_name)]["data"]["sps.json"])
+                assert got == cost["inline"]
+            elif "hardwareGroup" in cost:
+                assert (cm_name, key) == (f"dspark-cost-table-{cost['hardwareGroup']}", "sps.json")
+            else:
+                assert cm_name == cost["configMapName"]
+            sts = tier["sts"]
+            cm_name, key = mounted_configmap(spec, c, STS_PATH)
+            if "inline" in sts:
+                got = yaml.safe_load(index[("ConfigMap", cm_name)]["data"]["sts.json"])
+                assert got == sts["inline"]
+            else:
+                assert (cm_name, key) == (sts["configMapName"], sts.get("key", "sts.json"))
+
+
+@pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
+def test_serving_pods_are_hardened_and_drain(values_file: Path) -> None:
+    values = effective_values(values_file)
+    docs = render(values_file)
+    sd = values["shutdown"]
+    tiers = {t["name"]: t for t in tiers_of(values)}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "LeaderWorkerSet"):
+            continue
+        tier = tiers[doc["metadata"]["labels"]["dspark-sglang.io/sla-tier"]]
+        if doc["kind"] == "Deployment":
+            assert doc["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+        assert ("replicas" in doc["spec"]) != tier["autoscaling"]["enabled"]
+        for spec in pod_specs(doc):
+            assert spec["securityContext"]["runAsNonRoot"] is True
+            assert spec["automountServiceAccountToken"] is False
+            assert spec["terminationGracePeriodSeconds"] > (
+                sd["preStopSleepSeconds"] + sd["maxStreamSeconds"]
+            )
+            for c in spec["containers"] + spec.get("initContainers", []):
+                sc = c["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False
+                assert sc["readOnlyRootFilesystem"] is True
+                assert sc["capabilities"]["drop"] == ["ALL"]
+                assert not sc.get("privileged")
+            c = spec["containers"][0]
+            assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == sd["preStopSleepSeconds"]
+            mounts = {m["mountPath"] for m in c["volumeMounts"]}
+            assert {"/tmp", "/scratch"} <= mounts
+            shm = [v for v in spec["volumes"] if v["name"] == "dshm"]
+            assert bool(shm) == (tier["gpusPerPod"] > 1)
+            if shm:
+                assert shm[0]["emptyDir"]["medium"] == "Memory" and "/dev/shm" in mounts
+            if "startupProbe" in c:
+                p = c["startupProbe"]
+                budget = p["periodSeconds"] * p["failureThreshold"]
+                assert budget >= values["probes"]["modelLoadTimeoutSeconds"]
+                assert c["readinessProbe"]["httpGet"]["path"] in ("/health_generate", "/health")
+
+
+# --- 4. the schema (and template guards) reject bad values clearly ------------------
+
+GOOD_TIER: dict[str, Any] = {
+    "name": "interactive",
+    "minTokensPerSecPerUser": 120,
+    "tp": 2,
+    "gpusPerPod": 2,
+    "scheduler": {
+        "policy": "lagged",
+        "blockSize": 7,
+        "lagSteps": 2,
+        "maxVerifyTokens": 96,
+        "maxRunningRequests": 16,
+    },
+    "costTable": {"hardwareGroup": "h200"},
+    "sts": {"configMapName": "dspark-sts"},
+}
+
+
+def tier_with(**changes: Any) -> dict[str, Any]:
+    t = copy.deepcopy(GOOD_TIER)
+    for dotted, v in changes.items():
+        *path, last = dotted.split("__")
+        node = t
+        for p in path:
+            node = node[p]
+        if v is None:
+            node.pop(last)
+        else:
+            node[last] = v
+    return t
+
+
+BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown top-level key", {"replicaCount": 3}, "additional properties 'replicaCount'"),
+    (
+        "unknown tier key",
+        {"slaTiers": [{**GOOD_TIER, "blocksize": 7}]},
+        "additional properties 'blocksize'",
+    ),
+    (
+        "unknown scheduler key",
+        {"slaTiers": [tier_with(scheduler__maxVerifyToken=9)]},
+        "additional properties 'maxVerifyToken'",
+    ),
+    (
+        "tier without a speed target",
+        {"slaTiers": [tier_with(minTokensPerSecPerUser=None)]},
+        "missing property 'minTokensPerSecPerUser'",
+    ),
+    (
+        "zero speed target",
+        {"slaTiers": [tier_with(minTokensPerSecPerUser=0)]},
+        "/slaTiers/0/minTokensPerSecPerUser",
+    ),
+    (
+        "tp not dividing the GPUs",
+        {"slaTiers": [tier_with(tp=3, gpusPerPod=8)]},
+        "at '/slaTiers/0/tp': value must be one of 1, 2, 4, 8",
+    ),
+    (
+        "unknown policy",
+        {"slaTiers": [tier_with(scheduler__policy="greedy")]},
+        "/slaTiers/0/scheduler/policy",
+    ),
+    (
+        "static policy without staticK",
+        {"slaTiers": [tier_with(scheduler__policy="static")]},
+        "missing property 'staticK'",
+    ),
+    (
+        "block size above 16",
+        {"slaTiers": [tier_with(scheduler__blockSize=17)]},
+        "/slaTiers/0/scheduler/blockSize",
+    ),
+    (
+        "two cost-table sources",
+        {"slaTiers": [tier_with(costTable={"hardwareGroup": "h200", "configMapName": "x"})]},
+        "/slaTiers/0/costTable",
+    ),
+    (
+        "inline cost table missing max_batch_tokens",
+        {
+            "slaTiers": [
+                tier_with(
+                    costTable={
+                        "inline": {"sample_batch_tokens": [1], "sample_steps_per_sec": [9.0]}
+                    }
+                )
+            ]
+        },
+        "missing property 'max_batch_tokens'",
+    ),
+    ("no tiers", {"slaTiers": []}, "/slaTiers"),
+    (
+        "tier name not a DNS label",
+        {"slaTiers": [tier_with(name="Interactive")]},
+        "/slaTiers/0/name",
+    ),
+    # Cross-field rules JSON Schema cannot express: template guards with their own message.
+    (
+        "duplicate tier names",
+        {"slaTiers": [GOOD_TIER, GOOD_TIER]},
+        'duplicate tier name "interactive"',
+    ),
+    (
+        "multi-node tp not spanning the group",
+        {"slaTiers": [tier_with(tp=8, gpusPerPod=8, nodes=2)]},
+        "tp must equal gpusPerPod x nodes = 16 (got tp=8)",
+    ),
+    (
+        "staticK larger than the block",
+        {
+            "slaTiers": [
+                tier_with(scheduler={**GOOD_TIER["scheduler"], "policy": "static", "staticK": 9})
+            ]
+        },
+        "scheduler.staticK=9 exceeds scheduler.blockSize=7",
+    ),
+    (
+        "api key without a secret",
+        {"apiKey": {"enabled": True}},
+        "apiKey.enabled=true needs apiKey.existingSecret",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overlay", "message"),
+    [(o, m) for _, o, m in BAD_VALUES],
+    ids=[name for name, _, _ in BAD_VALUES],
+)
+def test_bad_values_are_rejected_with_a_clear_message(
+    overlay: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(overlay))
+    proc = run_helm("template", RELEASE, str(CHART), "-f", str(bad))
+    assert proc.returncode != 0, f"accepted bad values:\n{bad.read_text()}"
+    assert message in proc.stderr, proc.stderr
+
+
+def test_good_tier_used_by_bad_value_cases_is_itself_accepted(tmp_path: Path) -> None:
+    """Each bad case differs from this accepted file by exactly the named mistake."""
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"slaTiers": [GOOD_TIER]}))
+    proc = run_helm("template", RELEASE, str(CHART), "-f", str(good))
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- 5. golden file ------------------------------------------------------------------
+
+
+def test_golden_render_of_one_tier_is_stable() -> None:
+    values = GOLDEN_DIR / "values.yaml"
+    golden = GOLDEN_DIR / "rendered.yaml"
+    got = render_text(values)
+    if os.environ.get("DSPARK_UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert golden.is_file(), "no golden file: run with DSPARK_UPDATE_GOLDEN=1 once"
+    assert got == golden.read_text(), (
+        "helm template output changed; if intended, regenerate with "
+        "DSPARK_UPDATE_GOLDEN=1 python -m pytest tests/helm -k golden and review the diff"
+    )
+    # Rendering twice is byte-identical (no random names, timestamps or map-order noise).
+    again = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values))
+    assert again.stdout == got
