@@ -1,0 +1,236 @@
+"""Scheduler decision time and sequential-head overhead (writes benchmarks/results/).
+
+Why: the scheduler sits on the critical path of every decode step, so its host
+time must stay far below a step (~10 ms on a GPU); and DSpark's claim is that the
+sequential Markov head is cheap next to the parallel drafter pass (paper: +0.2-1.3 %
+round latency at batch 128). Both are measured here, on one CPU thread.
+
+1. Scheduling policies: ``decide`` time for N in {1, 32, 256, 1024} requests x B = 7,
+   p50/p99 over many repeats, on a tile-like staircase SPS table and random
+   confidences (a pool of inputs cycled so generation is not timed).
+2. Drafter: one parallel ``forward_block`` vs the Markov sampling loop
+   (``sample_block``: Markov bias, processed distribution and a draw per position,
+   plus the confidence head) at batch 128, B in {4, 8, 16}, random weights with a
+   SmolLM2-135M geometry (speed does not depend on the values). The paper's 0.2-1.3 %
+   is relative to a whole round (target verify included); here the denominator is
+   the drafter pass alone, so the percentage is an upper bound of that figure.
+
+Usage: ``python benchmarks/scheduler_bench.py [--quick] [--skip-drafter]``.
+Timings on shared dev machines are noisy: the JSON records the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.policies import (
+    AnticipatingGlobalSearch,
+    SchedulingPolicy,
+    build_policy,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "scheduler_bench.json"
+BLOCK = 7
+REQUEST_COUNTS = (1, 32, 256, 1024)
+DRAFT_BATCH = 128
+DRAFT_BLOCKS = (4, 8, 16)
+
+
+def staircase_table() -> SpsCostTable:
+    """A GPU-like staircase: flat inside 64-token tiles, 6 % slower per tile."""
+    probes = tuple(range(1, 16385, 64))
+    return SpsCostTable(
+        sample_batch_tokens=probes,
+        sample_steps_per_sec=tuple(120.0 * 0.94**t for t in range(len(probes))),
+        max_batch_tokens=16384,
+    )
+
+
+def policies(table: SpsCostTable) -> list[SchedulingPolicy]:
+    return [
+        build_policy("prefix", table),
+        build_policy("lagged", table),
+        build_policy("static", k=3),
+        build_policy("mtp1"),
+        build_policy("verify_all"),
+        build_policy("none"),
+        AnticipatingGlobalSearch(table),  # reference point only (biased)
+    ]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
+
+
+def bench_scheduler(repeats: int) -> list[dict[str, Any]]:
+    """Decision time per step for each policy and N (microseconds)."""
+    table = staircase_table()
+    gen = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for n in REQUEST_COUNTS:
+        # Calibrated-looking confidences: mostly high, some low, per-request level.
+        level = torch.randn(n, 1, generator=gen)
+        pool = [
+            torch.sigmoid(1.5 + level + 0.8 * torch.randn(n, BLOCK, generator=gen))
+            for _ in range(16)
+        ]
+        for policy in policies(table):
+            policy.reset()
+            for i in range(min(50, repeats)):  # warm-up (and the lagged history)
+                policy.decide(pool[i % len(pool)])
+            times: list[float] = []
+            drafts = 0
+            for i in range(repeats):
+                conf = pool[i % len(pool)]
+                t0 = time.perf_counter_ns()
+                lens = policy.decide(conf)
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+                drafts += int(lens.sum())
+            times.sort()
+            rows.append(
+                {
+                    "policy": policy.name,
+                    "num_requests": n,
+                    "block": BLOCK,
+                    "p50_us": round(percentile(times, 0.5), 1),
+                    "p99_us": round(percentile(times, 0.99), 1),
+                    "mean_verify_len": round(drafts / (repeats * n), 3),
+                    "repeats": repeats,
+                }
+            )
+    return rows
+
+
+def bench_drafter(repeats: int, vocab: int) -> list[dict[str, Any]]:
+    """Parallel drafter pass vs the sequential Markov sampling loop (milliseconds)."""
+    from torch import nn
+
+    from dspark_sglang.model import DSparkConfig, DSparkDrafter, TargetSpec, sample_block
+
+    spec = TargetSpec(  # SmolLM2-135M geometry
+        name="smollm2-135m-geometry",
+        vocab_size=vocab,
+        hidden_size=576,
+        num_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+    )
+    # The reference drafter has no KV cache: every call re-projects all context rows
+    # (fc + per-layer K/V). A serving engine projects only the rows a round adds, so
+    # pass about that many; a long prefix would inflate the parallel pass instead.
+    context_len = 16
+    rows: list[dict[str, Any]] = []
+    gen = torch.Generator().manual_seed(0)
+    for block in DRAFT_BLOCKS:
+        config = DSparkConfig.for_target(spec, mask_token_id=0, block_size=block)
+        torch.manual_seed(0)
+        drafter = DSparkDrafter(
+            config, nn.Embedding(vocab, spec.hidden_size), nn.Linear(spec.hidden_size, vocab, False)
+        ).eval()
+        n = DRAFT_BATCH
+        features = config.num_context_features * config.target_hidden_size
+        ctx = torch.randn(n, context_len, features, generator=gen)
+        ctx_pos = torch.arange(context_len).expand(n, context_len)
+        ctx_valid = torch.ones(n, context_len, dtype=torch.bool)
+        anchors = torch.randint(0, vocab, (n,), generator=gen)
+        anchor_pos = torch.full((n,), context_len)
+        parallel_ms: list[float] = []
+        sequential_ms: list[float] = []
+        with torch.no_grad():
+            for i in range(repeats + 1):  # first round is warm-up
+                t0 = time.perf_counter()
+                draft_block = drafter.forward_block(ctx, ctx_pos, ctx_valid, anchors, anchor_pos)
+                t1 = time.perf_counter()
+                sample_block(drafter, draft_block, anchors, generator=gen)
+                t2 = time.perf_counter()
+                if i:
+                    parallel_ms.append((t1 - t0) * 1e3)
+                    sequential_ms.append((t2 - t1) * 1e3)
+        par, seq = statistics.median(parallel_ms), statistics.median(sequential_ms)
+        rows.append(
+            {
+                "batch": n,
+                "block": block,
+                "vocab": vocab,
+                "context_len": context_len,
+                "parallel_pass_ms": round(par, 2),
+                "markov_loop_ms": round(seq, 2),
+                "markov_overhead_pct_of_drafter": round(100.0 * seq / par, 1),
+                "repeats": repeats,
+            }
+        )
+        del drafter, draft_block
+    return rows
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    if not rows:
+        print("  (none)")
+        return
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(str(r[k])) for r in rows)) for k in keys]
+    print("  " + "  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True)))
+    for r in rows:
+        print("  " + "  ".join(str(r[k]).rjust(w) for k, w in zip(keys, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2000, help="decisions timed per cell")
+    parser.add_argument("--drafter-repeats", type=int, default=3)
+    parser.add_argument("--drafter-vocab", type=int, default=49152, help="SmolLM2: 49152")
+    parser.add_argument("--quick", action="store_true", help="200 repeats, 1 drafter round")
+    parser.add_argument("--skip-drafter", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.drafter_repeats = 200, 1
+    torch.set_num_threads(1)
+
+    result: dict[str, Any] = {
+        "benchmark": "scheduler_bench",
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": list(os.getloadavg()),
+        "scheduler": bench_scheduler(args.repeats),
+    }
+    print_table("Scheduler decision time (one CPU thread), B = 7", result["scheduler"])
+    if args.skip_drafter:
+        result["drafter"] = {"skipped": "--skip-drafter"}
+    else:
+        try:
+            result["drafter"] = bench_drafter(args.drafter_repeats, args.drafter_vocab)
+            print_table(
+                f"Drafter at batch {DRAFT_BATCH}: parallel pass vs Markov loop", result["drafter"]
+            )
+        except ImportError as exc:  # the model package is written by another helper
+            result["drafter"] = {"skipped": f"dspark_sglang.model unavailable: {exc}"}
+            print(f"\ndrafter section skipped: {exc}")
+    result["loadavg_end"] = list(os.getloadavg())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
