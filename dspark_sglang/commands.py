@@ -10,4 +10,7 @@ def registry() -> dict[str, Command]:
     from dspark_sglang.calibration import cli as calibration_cli
 
     cmds.update(calibration_cli.COMMANDS)
+    from dspark_sglang.planning import cli as planning_cli
+
+    cmds.update(planning_cli.COMMANDS)
     return cmds

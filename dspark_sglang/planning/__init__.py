@@ -1,0 +1,9 @@
+"""Serving simulator and SLA planner (issue 7).
+
+``traces`` (acceptance traces), ``workload`` (request lengths), ``simulator`` (step-level
+serving simulation running the real scheduling policies), ``frontier`` (policy sweeps,
+SLA-anchor table, budget curve, plots), ``planner`` (per-SLA Helm values), ``live``
+(hook for validating against a live SGLang server), ``cli`` (``simulate``/``plan``).
+Modules are imported explicitly; nothing is re-exported here so importing one does not
+pull in matplotlib or the policies.
+"""

@@ -1,0 +1,304 @@
+"""SLA planner: per latency tier, the admission cap and scheduler that maximise throughput.
+
+Why: an operator promises each user a decode speed (tok/s/user) and wants the most
+total throughput per replica under that promise. More concurrent requests raise
+throughput but slow every user; which policy wins depends on the hardware's cost
+staircase and on how predictable the drafter is. The planner answers with simulation,
+not rules of thumb.
+
+Algorithm, per candidate policy: closed-loop simulations at concurrency ``C`` (a
+saturated replica runs ``C = max_running_requests`` requests, the worst case for per-user
+speed). Per-user speed falls with ``C``, so for each SLA ``s`` the largest feasible
+``C`` (``p50 >= s`` and ``p90 >= s``) is found by a doubling search followed by
+bisection between the last feasible and the first infeasible ``C``; runs are cached, so
+tiers share them. The tier takes the (policy, ``C``) with the highest throughput among
+the feasible ones. Invariant: every planned tier's simulated p50 and p90 per-user speed
+meet its SLA.
+
+Output: a Helm values fragment with one ``slaTiers`` entry per SLA, in exactly the keys
+``helm/dspark-sglang/values.schema.json`` accepts (merged over the chart's defaults by
+``helm install -f``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dspark_sglang.calibration.sts import StsCalibration
+from dspark_sglang.planning.frontier import PolicySpec, default_num_requests
+from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
+from dspark_sglang.planning.traces import AcceptanceTraces
+from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.cost_table import CostModel, SpsCostTable
+
+__all__ = [
+    "PlanError",
+    "PlannedTier",
+    "Planner",
+    "default_planner_specs",
+    "plan_table",
+    "tier_name",
+    "values_document",
+    "values_yaml",
+]
+
+
+class PlanError(ValueError):
+    """No configuration meets an SLA, or the inputs cannot be planned."""
+
+
+@dataclass(frozen=True)
+class PlannedTier:
+    """The chosen configuration for one SLA and what the simulator predicts for it."""
+
+    sla: float
+    spec: PolicySpec
+    max_running_requests: int
+    max_verify_tokens: int
+    block_size: int
+    result: SimResult
+
+    def scheduler_values(self) -> dict[str, Any]:
+        """The chart's ``slaTiers[].scheduler`` block (camelCase keys)."""
+        s: dict[str, Any] = {"policy": self.spec.name, "blockSize": self.block_size}
+        if self.spec.name == "static":
+            s["staticK"] = int(self.spec.option or 0)
+        if self.spec.name == "lagged":
+            s["lagSteps"] = self.spec.lag
+        s["maxVerifyTokens"] = self.max_verify_tokens
+        s["maxRunningRequests"] = self.max_running_requests
+        s["greedyOnly"] = False
+        return s
+
+
+def default_planner_specs() -> list[PolicySpec]:
+    """Deployable candidates: the production lagged scheduler, Algorithm 1, MTP-1, none."""
+    return [PolicySpec("lagged"), PolicySpec("prefix"), PolicySpec("mtp1"), PolicySpec("none")]
+
+
+def tier_name(sla: float) -> str:
+    """``sla-80``, ``sla-80-5`` for 80.5: an RFC 1123 label of at most 20 characters."""
+    text = f"{sla:g}".replace(".", "-")
+    name = f"sla-{text}"
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 20:
+        raise PlanError(f"cannot name a tier for SLA {sla!r}; use a plain positive number")
+    return name
+
+
+@dataclass
+class Planner:
+    """Simulation-backed search over (policy, admission cap) per SLA.
+
+    Fields:
+        traces, cost_model, lengths, sts: the simulator inputs.
+        specs: candidate policies (``default_planner_specs()``).
+        max_concurrency: largest admission cap considered.
+        num_requests: requests per simulation as a function of the concurrency.
+        prefill: prefill model of the simulator (see ``simulator``).
+        seed: one seed for every run (common random numbers across candidates).
+    """
+
+    traces: AcceptanceTraces
+    cost_model: CostModel
+    lengths: LengthDistribution
+    specs: Sequence[PolicySpec] = field(default_factory=default_planner_specs)
+    sts: StsCalibration | Sequence[float] | None = None
+    max_concurrency: int = 256
+    num_requests: Callable[[int], int] = default_num_requests
+    prefill: str = "separate"
+    seed: int = 0
+    progress: Callable[[str, SimResult], None] | None = None
+    _cache: dict[tuple[str, int], SimResult] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
+            raise PlanError(
+                f"max_concurrency must be an integer >= 1, got {self.max_concurrency!r}"
+            )
+        if not self.specs:
+            raise PlanError("no candidate policies given")
+
+    def max_verify_tokens(self, concurrency: int) -> int:
+        """Verify-token cap for a tier: all anchors + drafts, within the table's limit."""
+        cap = concurrency * (self.traces.block_size + 1)
+        mbt = getattr(self.cost_model, "max_batch_tokens", None)
+        if isinstance(mbt, int) and not isinstance(mbt, bool):
+            cap = min(cap, mbt)
+        return max(1, cap)
+
+    def run(self, spec: PolicySpec, concurrency: int) -> SimResult:
+        """Closed-loop simulation at ``concurrency`` with the tier's verify cap (cached)."""
+        key = (spec.label, concurrency)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        cfg = SimConfig(
+            concurrency=concurrency,
+            num_requests=self.num_requests(concurrency),
+            prefill=self.prefill,  # type: ignore[arg-type]
+            seed=self.seed,
+        )
+        policy = spec.build(self.cost_model, self.max_verify_tokens(concurrency))
+        res = simulate(self.traces, self.cost_model, policy, self.lengths, cfg, sts=self.sts)
+        self._cache[key] = res
+        if self.progress is not None:
+            self.progress(spec.label, res)
+        return res
+
+    def largest_feasible(self, spec: PolicySpec, sla: float) -> int | None:
+        """Largest concurrency whose p50 and p90 per-user speed meet ``sla`` (None: not even 1)."""
+
+        def ok(c: int) -> bool:
+            r = self.run(spec, c)
+            return r.user_tps_p50 >= sla and r.user_tps_p90 >= sla
+
+        if not ok(1):
+            return None
+        lo, hi = 1, None
+        c = 1
+        while c < self.max_concurrency:
+            c = min(2 * c, self.max_concurrency)
+            if ok(c):
+                lo = c
+            else:
+                hi = c
+                break
+        if hi is None:
+            return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def plan_tier(self, sla: float) -> PlannedTier:
+        """Best feasible (policy, cap) for one SLA; ``PlanError`` names the closest miss."""
+        if not math.isfinite(sla) or sla <= 0:
+            raise PlanError(f"SLA must be a positive tok/s/user, got {sla!r}")
+        best: PlannedTier | None = None
+        for spec in self.specs:
+            c = self.largest_feasible(spec, sla)
+            if c is None:
+                continue
+            r = self.run(spec, c)
+            if best is None or r.throughput > best.result.throughput:
+                best = PlannedTier(
+                    sla, spec, c, self.max_verify_tokens(c), self.traces.block_size, r
+                )
+        if best is None:
+            fastest = max(
+                (self.run(s, 1) for s in self.specs),
+                key=lambda r: min(r.user_tps_p50, r.user_tps_p90),
+            )
+            raise PlanError(
+                f"no candidate meets {sla:g} tok/s/user even at one request: the fastest is "
+                f"{fastest.policy} with p50 {fastest.user_tps_p50:.1f} / p90 "
+                f"{fastest.user_tps_p90:.1f} tok/s/user; lower the SLA, add policies, or use "
+                "faster hardware"
+            )
+        return best
+
+    def plan(self, slas: Sequence[float]) -> list[PlannedTier]:
+        if not slas:
+            raise PlanError("give at least one SLA (tok/s/user), e.g. --sla 80,120")
+        if len(set(slas)) != len(slas):
+            raise PlanError(f"SLAs must be distinct, got {list(slas)}")
+        return [self.plan_tier(float(s)) for s in sorted(slas, reverse=True)]
+
+
+def values_document(
+    tiers: Sequence[PlannedTier],
+    cost_table: CostModel,
+    *,
+    hardware_group: str | None = None,
+    cost_table_configmap: str | None = None,
+    sts: StsCalibration | None = None,
+    sts_configmap: str = "dspark-sts",
+) -> dict[str, Any]:
+    """``{"slaTiers": [...]}`` for the chart, one tier per planned SLA.
+
+    The cost table is referenced by the profiler's hardware group or a ConfigMap when
+    given, else embedded inline (the chart's inline form is the staircase
+    ``SpsCostTable`` only). STS temperatures are embedded when given, else the
+    calibration job's ConfigMap ``sts_configmap`` is referenced.
+    """
+    if hardware_group and cost_table_configmap:
+        raise PlanError("give either a hardware group or a cost-table ConfigMap, not both")
+    if hardware_group:
+        ct: dict[str, Any] = {"hardwareGroup": hardware_group}
+    elif cost_table_configmap:
+        ct = {"configMapName": cost_table_configmap}
+    elif isinstance(cost_table, SpsCostTable):
+        ct = {
+            "inline": {
+                "sample_batch_tokens": list(cost_table.sample_batch_tokens),
+                "sample_steps_per_sec": list(cost_table.sample_steps_per_sec),
+                "max_batch_tokens": cost_table.max_batch_tokens,
+            }
+        }
+    else:
+        raise PlanError(
+            "the chart embeds only staircase SpsCostTable JSON inline; for an additive table "
+            "pass --hardware-group or --cost-table-configmap"
+        )
+    st: dict[str, Any] = (
+        {"inline": {"temperatures": list(sts.temperatures)}}
+        if sts is not None
+        else {"configMapName": sts_configmap}
+    )
+    out = []
+    for t in tiers:
+        out.append(
+            {
+                "name": tier_name(t.sla),
+                "minTokensPerSecPerUser": t.sla,
+                "tp": 1,
+                "gpusPerPod": 1,
+                "scheduler": t.scheduler_values(),
+                "costTable": ct,
+                "sts": st,
+            }
+        )
+    return {"slaTiers": out}
+
+
+def values_yaml(doc: dict[str, Any], tiers: Sequence[PlannedTier], source: str = "") -> str:
+    """The values document as YAML with a header stating the predictions it rests on."""
+    lines = [
+        "# Generated by `dspark-sglang plan`" + (f" ({source})" if source else "") + ".",
+        "# Simulated per tier (closed loop at maxRunningRequests, tok/s):",
+    ]
+    for t in tiers:
+        r = t.result
+        lines.append(
+            f"#   {tier_name(t.sla)}: policy {t.spec.label}, cap {t.max_running_requests}: "
+            f"throughput {r.throughput:.1f}, per-user p50 {r.user_tps_p50:.1f} / "
+            f"p90 {r.user_tps_p90:.1f}"
+        )
+    lines.append("# Re-plan after every re-profile or drafter change.")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def plan_table(tiers: Sequence[PlannedTier]) -> str:
+    """Fixed-width text table of the plan (what the CLI prints)."""
+    head = (
+        f"{'tier':<12}{'SLA':>7}  {'policy':<10}{'cap':>5}{'verify':>8}"
+        f"{'thr tok/s':>11}{'p50':>9}{'p90':>9}{'acc len':>9}"
+    )
+    rows = [head, "-" * len(head)]
+    for t in tiers:
+        r = t.result
+        rows.append(
+            f"{tier_name(t.sla):<12}{t.sla:>7g}  {t.spec.label:<10}{t.max_running_requests:>5}"
+            f"{t.max_verify_tokens:>8}{r.throughput:>11.1f}{r.user_tps_p50:>9.1f}"
+            f"{r.user_tps_p90:>9.1f}{r.mean_accept_len:>9.2f}"
+        )
+    return "\n".join(rows)

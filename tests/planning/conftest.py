@@ -1,0 +1,52 @@
+"""Shared inputs for the planning tests: a staircase cost table and synthetic traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_sglang.planning.traces import (
+    AcceptanceTraces,
+    decaying_acceptance,
+    synthetic_traces,
+)
+from dspark_sglang.planning.workload import LengthDistribution, default_lengths
+from dspark_sglang.scheduling.cost_table import SpsCostTable
+
+torch.set_num_threads(1)
+
+
+def staircase(
+    tile: int = 32, top: float = 100.0, drop: float = 0.93, max_tokens: int = 1024
+) -> SpsCostTable:
+    """GPU-like staircase: flat inside ``tile``-token tiles, ``drop`` slower per tile."""
+    probes = tuple(range(1, max_tokens + 1, tile))
+    return SpsCostTable(
+        sample_batch_tokens=probes,
+        sample_steps_per_sec=tuple(top * drop**i for i in range(len(probes))),
+        max_batch_tokens=max_tokens,
+    )
+
+
+@pytest.fixture(scope="session")
+def table() -> SpsCostTable:
+    return staircase()
+
+
+@pytest.fixture(scope="session")
+def high_traces() -> AcceptanceTraces:
+    """High, slowly decaying acceptance (B = 7), heterogeneous requests, AUC 0.85."""
+    return synthetic_traces(
+        120, 30, decaying_acceptance(0.9, 0.98, 7), auc=0.85, request_spread=1.0, seed=1
+    )
+
+
+@pytest.fixture(scope="session")
+def lengths() -> LengthDistribution:
+    return default_lengths()
+
+
+@pytest.fixture(scope="session")
+def short_lengths() -> LengthDistribution:
+    """Short requests so closed-loop runs take few steps."""
+    return LengthDistribution((20, 40, 60, 30), (12, 25, 40, 18), "test")

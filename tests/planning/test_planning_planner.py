@@ -1,0 +1,120 @@
+"""SLA planner: tiers meet their SLA, and the values file is what the Helm chart accepts."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from dspark_sglang.cli import main
+from dspark_sglang.planning.frontier import PolicySpec
+from dspark_sglang.planning.planner import PlanError, Planner, tier_name, values_document
+from dspark_sglang.scheduling.config import SchedulerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "dspark-sglang"
+SLAS = (150.0, 60.0)
+
+
+@pytest.fixture(scope="module")
+def planner(table, high_traces, lengths) -> Planner:
+    return Planner(
+        high_traces,
+        table,
+        lengths,
+        specs=[PolicySpec("lagged"), PolicySpec("mtp1")],
+        max_concurrency=64,
+        num_requests=lambda c: max(24, 3 * c),
+    )
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's values merge: maps merge recursively, everything else is replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_tiers_meet_their_sla_and_are_maximal(planner: Planner) -> None:
+    tiers = planner.plan(SLAS)
+    assert [t.sla for t in tiers] == [150.0, 60.0]
+    for t in tiers:
+        assert t.result.user_tps_p50 >= t.sla and t.result.user_tps_p90 >= t.sla
+        # One more admitted request would break the SLA (for the chosen policy).
+        if t.max_running_requests < planner.max_concurrency:
+            nxt = planner.run(t.spec, t.max_running_requests + 1)
+            assert min(nxt.user_tps_p50, nxt.user_tps_p90) < t.sla
+    assert tiers[1].max_running_requests > tiers[0].max_running_requests  # looser SLA, more users
+    assert tiers[1].result.throughput > tiers[0].result.throughput
+
+
+def test_infeasible_sla_is_a_clear_error(planner: Planner) -> None:
+    with pytest.raises(PlanError, match="no candidate meets 100000 tok/s/user"):
+        planner.plan_tier(1e5)
+
+
+def test_values_validate_against_chart_schema(planner: Planner, table) -> None:
+    tiers = planner.plan(SLAS)
+    doc = values_document(tiers, table)
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate(_merge(defaults, doc), schema)
+    # And a broken tier is rejected by the same schema (the check has teeth).
+    bad = copy.deepcopy(doc)
+    del bad["slaTiers"][0]["scheduler"]["maxRunningRequests"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_merge(defaults, bad), schema)
+    assert tier_name(80.5) == "sla-80-5"
+
+
+def _helm() -> Path | None:
+    cache = Path(
+        os.environ.get("DSPARK_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-sglang"
+    )
+    p = Path(os.environ.get("DSPARK_HELM", cache / "bin" / "helm"))
+    return p if p.is_file() and os.access(p, os.X_OK) else None
+
+
+@pytest.mark.helm
+def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
+    helm = _helm()
+    if helm is None:
+        pytest.fail("helm not installed: run `bash scripts/setup.sh` (scripts/install_helm.sh)")
+    profile = tmp_path / "sps.json"
+    table.save(profile)
+    out = tmp_path / "values-planned.yaml"
+    rc = main(
+        ["plan", "--profile", str(profile), "--traces", "synthetic", "--sla", "150,60",
+         "--policies", "lagged,mtp1", "--max-concurrency", "32", "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    values = yaml.safe_load(out.read_text())
+    proc = subprocess.run(
+        [str(helm), "template", "dspark", str(CHART), "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    sched = {
+        d["metadata"]["name"]: SchedulerConfig.from_dict(
+            yaml.safe_load(d["data"]["scheduler.yaml"])
+        )
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+    }
+    assert len(sched) == 2
+    for tier in values["slaTiers"]:
+        cfg = sched[f"dspark-dspark-sglang-{tier['name']}-scheduler"]
+        s = tier["scheduler"]
+        assert cfg.policy == s["policy"] and cfg.block_size == s["blockSize"] == 7
+        assert cfg.max_running_requests == s["maxRunningRequests"]
+        assert cfg.max_verify_tokens == s["maxVerifyTokens"]
+        assert cfg.min_tokens_per_sec_per_user == tier["minTokensPerSecPerUser"]

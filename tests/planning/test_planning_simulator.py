@@ -1,0 +1,115 @@
+"""Serving simulator invariants, and that it drives the real scheduling policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_sglang.planning.simulator import SimConfig, StepTimer, simulate
+from dspark_sglang.planning.traces import AcceptanceTraces, synthetic_traces
+from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.policies import build_policy
+
+
+def test_no_speculation_closed_loop_is_c_times_sps(table, high_traces, short_lengths) -> None:
+    for c in (1, 5, 40):
+        cfg = SimConfig(concurrency=c, num_requests=4 * c + 10, prefill="none", warmup_fraction=0.0)
+        r = simulate(high_traces, table, build_policy("none"), short_lengths, cfg)
+        d = r.details
+        assert d is not None
+        # One token per request per step, and every step runs exactly C requests.
+        assert np.array_equal(d.step_emitted, d.step_decoding)
+        assert (d.step_decoding == c).all() and (d.step_drafts == 0).all()
+        sps = table.lookup(c)
+        assert r.throughput == pytest.approx(c * sps, rel=1e-9)
+        assert r.user_tps_p50 == pytest.approx(sps, rel=1e-9)
+
+
+def test_verify_all_with_perfect_acceptance_emits_block_plus_one(table) -> None:
+    b = 5
+    t = synthetic_traces(10, 4, [0.5] * b, seed=0)
+    perfect = AcceptanceTraces(
+        t.request_id, t.domain_index, t.domains, t.confidence_logits, torch.full_like(t.accepted, b)
+    )
+    lengths = LengthDistribution((8,), (6 * (b + 1) + 1,))  # 6 full rounds, then 1 token
+    cfg = SimConfig(concurrency=3, num_requests=9, prefill="none", drain=True, warmup_fraction=0)
+    r = simulate(perfect, table, build_policy("verify_all"), lengths, cfg)
+    d = r.details
+    assert d is not None
+    assert np.array_equal(d.step_round_tokens, d.step_decoding * (b + 1))
+    assert np.array_equal(d.step_drafts, d.step_decoding * b)
+    assert r.mean_accept_len == b + 1
+    # Per request: 6 rounds of B+1 tokens and a last round capped at the 1 token left.
+    assert (d.req_emitted == 6 * (b + 1) + 1).all()
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefill"), [("closed", "separate"), ("closed", "mixed"), ("open", "separate")]
+)
+def test_conservation_every_admitted_request_finishes_exactly(
+    table, high_traces, lengths, mode, prefill
+) -> None:
+    if mode == "closed":
+        cfg = SimConfig(concurrency=7, num_requests=30, prefill=prefill, drain=True)
+    else:
+        cfg = SimConfig(
+            mode="open", arrival_rate=40.0, max_running_requests=6, num_requests=30, drain=True
+        )
+    r = simulate(high_traces, table, build_policy("lagged", table), lengths, cfg)
+    d = r.details
+    assert d is not None
+    assert not np.isnan(d.req_finish).any()
+    assert np.array_equal(d.req_emitted, d.req_output_len)
+    assert int(d.step_emitted.sum()) == int(d.req_output_len.sum())
+    assert (d.step_decoding <= cfg.cap).all()
+    assert (d.req_first_token >= d.req_admit).all() and (d.req_admit >= d.req_spawn).all()
+    if prefill == "separate":  # prefill-only steps never decode
+        assert ((d.step_prefill_tokens == 0) | (d.step_decoding == 0)).all()
+
+
+def test_decisions_are_the_real_policys(table, high_traces, lengths) -> None:
+    """Replaying the recorded confidences through fresh policy objects gives the same lengths."""
+    for name in ("lagged", "prefix"):
+        cfg = SimConfig(concurrency=12, num_requests=40, record_decisions=True)
+        r = simulate(high_traces, table, build_policy(name, table), lengths, cfg)
+        d = r.details
+        assert d is not None and len(d.decisions) > 20
+        fresh = build_policy(name, table)
+        lens_seen = set()
+        for conf, lens in d.decisions:
+            assert torch.equal(fresh.decide(conf), lens)
+            lens_seen.update(lens.tolist())
+        assert len(lens_seen) > 1  # the policy really varied the verify length
+        assert d.step_drafts.sum() == sum(int(lens.sum()) for _, lens in d.decisions)
+
+
+def test_static_k_acceptance_matches_chain_rule(table) -> None:
+    """Static k: each round emits min(accepted_full, k) + 1 of the round it replays."""
+    t = synthetic_traces(1, 400, [0.8] * 6, seed=5)  # one long request: rounds replay in order
+    lengths = LengthDistribution((4,), (10_000,))
+    cfg = SimConfig(concurrency=1, num_requests=1, prefill="none", drain=True, warmup_fraction=0)
+    r = simulate(t, table, build_policy("static", k=3), lengths, cfg)
+    d = r.details
+    assert d is not None
+    n = d.step_decoding.size
+    idx = torch.arange(n) % t.num_rounds
+    expected = torch.minimum(t.accepted[idx], torch.tensor(3)) + 1
+    assert np.array_equal(d.step_round_tokens, expected.numpy())
+
+
+def test_step_timer_splits_oversized_batches() -> None:
+    t = SpsCostTable(
+        sample_batch_tokens=(1, 10), sample_steps_per_sec=(10.0, 5.0), max_batch_tokens=10
+    )
+    timer = StepTimer(t)
+    assert timer(1, 5) == pytest.approx(0.1)
+    assert timer(1, 25) == pytest.approx(2 * 0.2 + 0.1)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+        SimConfig(concurrency=0)
+    with pytest.raises(ValueError, match=r"max_running_requests .* open-loop"):
+        SimConfig(mode="open", arrival_rate=1.0)
