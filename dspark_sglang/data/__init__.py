@@ -1,0 +1,1 @@
+"""Evaluation and training prompt sets (GSM8K, HumanEval, MT-Bench) as chat messages."""

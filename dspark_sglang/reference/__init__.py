@@ -1,0 +1,1 @@
+"""Pure-PyTorch reference speculative generator (the CPU oracle) and its CLI."""
