@@ -1,0 +1,1 @@
+"""SGLang integration: plugin registration, CPU bridges, the DSPARK_MOE worker."""

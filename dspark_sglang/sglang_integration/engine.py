@@ -1,0 +1,146 @@
+"""Starting and stopping SGLang's real ``Engine`` on CPU, leak-free.
+
+Why a helper: the CPU engine needs a fixed set of settings (see
+``docs/sglang_integration.md``) that every caller (tests, demo, benchmarks)
+would otherwise repeat, and an engine that dies half-way through start-up can
+leave scheduler/detokenizer processes behind. :func:`cpu_engine` always calls
+``Engine.shutdown()`` and then kills, by PID, any child process that is still
+alive, so a test session never leaks processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+#: Server-argument defaults for SGLang's CPU engine (PLATFORM.md, "SGLang without a GPU").
+CPU_ENGINE_DEFAULTS: Mapping[str, Any] = {
+    "device": "cpu",
+    "attention_backend": "intel_amx",
+    "sampling_backend": "pytorch",
+    "disable_cuda_graph": True,
+    "dtype": "float32",
+    "grammar_backend": "none",
+    "skip_server_warmup": True,
+    # On CPU this is a fraction of machine RAM for the KV pool: keep it small.
+    "mem_fraction_static": 0.05,
+    "log_level": "warning",
+}
+
+
+@dataclass(frozen=True)
+class CpuEngineSpec:
+    """What to start: a model plus overrides of :data:`CPU_ENGINE_DEFAULTS`."""
+
+    model_path: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: OpenMP threads per scheduler process. 1 by default: on a shared 2-core
+    #: machine, spinning OpenMP barriers make 2 threads ~8x slower than 1.
+    omp_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ValueError("CpuEngineSpec.model_path is empty; pass the HF model folder")
+        if self.omp_threads < 1:
+            raise ValueError(f"CpuEngineSpec.omp_threads must be >= 1, got {self.omp_threads}")
+        bad = {"model_path", "device"} & set(self.overrides)
+        if bad:
+            raise ValueError(
+                f"CpuEngineSpec.overrides may not set {sorted(bad)}: "
+                "model_path is its own field and the device is always 'cpu'"
+            )
+
+    def server_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``sglang.Engine``."""
+        return {**CPU_ENGINE_DEFAULTS, **dict(self.overrides), "model_path": self.model_path}
+
+
+def _kill_leftovers(children: list[psutil.Process]) -> None:
+    """Terminate, then kill, the given processes if they are still alive (by PID)."""
+    alive = [p for p in children if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, still = psutil.wait_procs(alive, timeout=10)
+    for p in still:
+        logger.warning("killing leftover SGLang process pid=%d", p.pid)
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(still, timeout=10)
+
+
+@contextlib.contextmanager
+def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
+    """Start ``sglang.Engine`` on CPU; always shut it down and reap its processes.
+
+    ``spec.env`` is applied to ``os.environ`` for the engine's lifetime (the
+    scheduler processes inherit it) and restored afterwards.
+    """
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "OMP_NUM_THREADS": str(spec.omp_threads),
+        **dict(spec.env),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    engine = None
+    try:
+        import sglang
+
+        engine = sglang.Engine(**spec.server_kwargs())
+        yield engine
+    finally:
+        spawned = [p for p in me.children(recursive=True) if p.pid not in before]
+        try:
+            if engine is not None:
+                engine.shutdown()
+        finally:
+            _kill_leftovers(spawned)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def generate_outputs(
+    engine: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """SGLang's output dicts (``output_ids``, ``meta_info``...) for token-id prompts.
+
+    Greedy and EOS-ignoring unless ``sampling`` says otherwise, so every request
+    produces exactly ``max_new_tokens`` tokens (comparisons need equal lengths).
+    """
+    params: dict[str, Any] = {
+        "temperature": 0.0,
+        "max_new_tokens": max_new_tokens,
+        "ignore_eos": True,
+    }
+    params.update(sampling or {})
+    return list(engine.generate(input_ids=prompts, sampling_params=params))
+
+
+def generate_ids(
+    engine: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[list[int]]:
+    """Continuation token ids for each prompt (see :func:`generate_outputs`)."""
+    return [
+        list(o["output_ids"]) for o in generate_outputs(engine, prompts, max_new_tokens, sampling)
+    ]

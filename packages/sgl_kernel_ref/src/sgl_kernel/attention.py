@@ -1,0 +1,210 @@
+"""Paged decode/extend attention over SGLang's token-indexed KV pool.
+
+These are the two attention kernels SGLang's ``intel_amx`` backend calls. The
+real kernels (AMX/AVX-512 C++) split the KV range into chunks; this reference
+computes the same result densely: per request, gather the keys/values named by
+``req_to_token[req_pool_index, :seq_len]``, pad the batch to its longest
+request, and run one masked softmax. GQA is handled by viewing the query heads
+as ``[kv_heads, group]`` so keys are never repeated in memory.
+
+Invariant (both kernels): query row ``t`` of request ``b`` attends exactly to
+the keys its mask allows (prefix always; the extend part causally or through
+the tree mask; the sliding window and the padding removed), with softmax over
+``sm_scale * q.k`` (soft-capped by ``logit_cap`` when > 0, with an optional
+per-head sink logit in the denominator); rows with no visible key output 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _gqa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Masked attention for a padded batch.
+
+    q ``[B, Q, H, D]``, k ``[B, L, Hkv, D]``, v ``[B, L, Hkv, Dv]``,
+    visible ``[B, Q, L]`` bool. Returns ``[B, Q, H, Dv]`` in float32.
+    """
+    bsz, nq, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    qg = q.float().reshape(bsz, nq, kv_heads, group, dim)
+    # scores[b, h_kv, g, q, l]
+    scores = torch.einsum("bqhgd,blhd->bhgql", qg, k.float()) * sm_scale
+    if logit_cap > 0:
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+    mask = visible[:, None, None, :, :]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().reshape(1, kv_heads, group, 1, 1).expand(bsz, -1, -1, nq, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    # Rows with nothing visible (padding) give NaN from softmax(-inf...): zero them.
+    probs = torch.nan_to_num(probs, nan=0.0)
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, v.float())
+    return out.reshape(bsz, nq, heads, v.shape[-1])
+
+
+def _window_ok(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """``window`` = number of most recent keys a query may see (0 = unlimited)."""
+    if window <= 0:
+        return torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool)
+    return (q_pos - k_pos) < window
+
+
+def decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    output: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    loc: torch.Tensor,
+    attn_logits: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+    is_cross_attention: bool,
+    sliding_window_size: int,
+    encoder_lens: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+) -> None:
+    """One new query token per request; writes ``key``/``value`` at ``loc`` first.
+
+    The new token is the last of its request's ``seq_len`` tokens, so the write
+    must precede the gather (the kernel contract SGLang relies on: the backend
+    does not call ``set_kv_buffer`` itself in decode).
+    """
+    del attn_logits  # scratch space of the split-K kernel; not needed densely
+    if is_cross_attention:
+        raise NotImplementedError("sgl_kernel reference: cross-attention is not implemented")
+    del encoder_lens
+    if key is not None and value is not None:
+        k_cache[loc.long()] = key.to(k_cache.dtype)
+        v_cache[loc.long()] = value.to(v_cache.dtype)
+    bsz = query.shape[0]
+    if bsz == 0:
+        return
+    lens = seq_lens.long()
+    max_len = int(lens.max())
+    pos = torch.arange(max_len, device=query.device)
+    rows = req_to_token[req_pool_indices.long(), :max_len].long()
+    valid = pos[None, :] < lens[:, None]
+    rows = torch.where(valid, rows, torch.zeros_like(rows))
+    k = k_cache[rows].float() * k_scale
+    v = v_cache[rows].float() * v_scale
+    q_pos = (lens - 1)[:, None]
+    visible = valid & _window_ok(q_pos, pos[None, :], sliding_window_size)
+    out = _gqa_attention(query[:, None], k, v, visible[:, None, :], sm_scale, logit_cap, sinks)
+    output.copy_(out[:, 0].to(output.dtype))
+
+
+def extend_attention(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor | None,
+    v_extend: torch.Tensor | None,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_len_extend: int | None,
+    sm_scale: float,
+    logit_cap: float,
+    is_cross_attention: bool,
+    sliding_window_size: int,
+    encoder_lens: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> None:
+    """Packed extend queries over ``prefix (from the pool) + extend (given)``.
+
+    Request ``b`` owns rows ``extend_start_loc[b] : +extend_seq_lens[b]`` and has
+    ``prefix = seq_len - extend_len`` cached tokens. Prefix keys come from the
+    pool via ``req_to_token``; extend keys from ``k_extend``/``v_extend`` (or the
+    pool when they are ``None``, e.g. KV-shared layers). ``tree_mask`` is the
+    CPU (QLEN_ONLY) layout: request ``b`` contributes an ``[E_b, E_b]`` block,
+    blocks concatenated in batch order; it replaces the causal rule inside the
+    extend part.
+    """
+    del max_len_extend
+    if is_cross_attention:
+        raise NotImplementedError("sgl_kernel reference: cross-attention is not implemented")
+    del encoder_lens
+    bsz = seq_lens.shape[0]
+    if bsz == 0 or q_extend.shape[0] == 0:
+        return
+    device = q_extend.device
+    lens = seq_lens.long()
+    ext = extend_seq_lens.long().to(device)
+    start = extend_start_loc.long().to(device)
+    prefix = lens - ext
+    max_len = int(lens.max())
+    max_ext = int(ext.max())
+
+    # Keys/values for every (request, position) in the padded [B, L] grid.
+    pos = torch.arange(max_len, device=device)
+    valid = pos[None, :] < lens[:, None]
+    in_prefix = pos[None, :] < prefix[:, None]
+    pool_rows = req_to_token[req_pool_indices.long(), :max_len].long()
+    use_pool = in_prefix if k_extend is not None else valid
+    pool_rows = torch.where(use_pool, pool_rows, torch.zeros_like(pool_rows))
+    k = k_buffer[pool_rows].float() * k_scale
+    v = v_buffer[pool_rows].float() * v_scale
+    if k_extend is not None and v_extend is not None:
+        ext_rows = start[:, None] + (pos[None, :] - prefix[:, None])
+        from_ext = valid & ~in_prefix
+        ext_rows = torch.where(from_ext, ext_rows, torch.zeros_like(ext_rows))
+        sel = from_ext[..., None, None]
+        k = torch.where(sel, k_extend[ext_rows].float(), k)
+        v = torch.where(sel, v_extend[ext_rows].float(), v)
+
+    # Queries in a padded [B, E] grid.
+    qi = torch.arange(max_ext, device=device)
+    q_valid = qi[None, :] < ext[:, None]
+    q_rows = torch.where(q_valid, start[:, None] + qi[None, :], torch.zeros_like(qi)[None, :])
+    q = q_extend[q_rows]
+    q_pos = prefix[:, None] + qi[None, :]  # absolute position of each query
+
+    # visible[b, i, j]: query i of request b may see key position j.
+    j = pos[None, None, :]
+    key_in_prefix = j < prefix[:, None, None]
+    ext_j = j - prefix[:, None, None]  # index of key j inside the extend part
+    if tree_mask is not None:
+        sizes = ext * ext
+        offsets = torch.cumsum(sizes, 0) - sizes
+        ii = qi[None, :, None]
+        flat = offsets[:, None, None] + ii * ext[:, None, None] + ext_j
+        inside = q_valid[:, :, None] & (ext_j >= 0) & (ext_j < ext[:, None, None])
+        flat = torch.where(inside, flat, torch.zeros_like(flat))
+        in_ext_ok = inside & tree_mask.reshape(-1).bool()[flat]
+    elif is_causal:
+        in_ext_ok = (ext_j >= 0) & (ext_j <= qi[None, :, None])
+    else:
+        in_ext_ok = (ext_j >= 0) & (ext_j < ext[:, None, None])
+    visible = (key_in_prefix | in_ext_ok) & valid[:, None, :] & q_valid[:, :, None]
+    if is_causal:
+        visible &= _window_ok(q_pos[:, :, None], j, sliding_window_size)
+
+    out = _gqa_attention(q, k, v, visible, sm_scale, logit_cap, sinks)
+    o_extend[q_rows[q_valid]] = out[q_valid].to(o_extend.dtype)

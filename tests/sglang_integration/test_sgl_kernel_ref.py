@@ -1,0 +1,227 @@
+"""The pure-PyTorch sgl_kernel reference ops against straightforward per-request loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sgl_kernel  # registers torch.ops.sgl_kernel.*
+import torch
+
+torch.set_num_threads(2)
+
+H, HKV, D = 6, 2, 8  # GQA group of 3
+POOL, MAXCTX = 200, 64
+
+
+def _naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    cap: float = 0.0,
+) -> torch.Tensor:
+    """q [Q,H,D], k/v [L,HKV,D], allowed [Q,L] -> [Q,H,D], head by head."""
+    out = torch.zeros(q.shape[0], H, v.shape[-1])
+    group = H // HKV
+    for h in range(H):
+        s = (q[:, h] @ k[:, h // group].T) * scale
+        if cap > 0:
+            s = cap * torch.tanh(s / cap)
+        s = s.masked_fill(~allowed, float("-inf"))
+        out[:, h] = torch.softmax(s, -1) @ v[:, h // group]
+    return out
+
+
+def _pool(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    kb = torch.randn(POOL, HKV, D, generator=g)
+    vb = torch.randn(POOL, HKV, D, generator=g)
+    # Each of 4 request slots owns a random permutation of pool rows (scattered pages).
+    r2t = torch.stack([torch.randperm(POOL - 1, generator=g)[:MAXCTX] + 1 for _ in range(4)])
+    return kb, vb, r2t.to(torch.int32)
+
+
+@pytest.mark.parametrize("cap", [0.0, 5.0])
+def test_decode_attention_matches_loop_and_writes_kv(cap: float) -> None:
+    kb, vb, r2t = _pool(0)
+    rpi = torch.tensor([2, 0, 3])
+    seq = torch.tensor([5, 17, 1])
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, H, D, generator=g)
+    knew, vnew = torch.randn(3, HKV, D, generator=g), torch.randn(3, HKV, D, generator=g)
+    loc = r2t[rpi, seq - 1].long()
+    out = torch.empty(3, H, D)
+    kb_ref, vb_ref = kb.clone(), vb.clone()
+    kb_ref[loc], vb_ref[loc] = knew, vnew
+    torch.ops.sgl_kernel.decode_attention_cpu(
+        q,
+        kb,
+        vb,
+        1.0,
+        1.0,
+        out,
+        knew,
+        vnew,
+        loc,
+        torch.empty(0),
+        r2t,
+        rpi,
+        seq,
+        1 / math.sqrt(D),
+        cap,
+        False,
+        0,
+        None,
+        None,
+    )
+    assert torch.equal(kb, kb_ref) and torch.equal(vb, vb_ref)
+    for b in range(3):
+        rows = r2t[rpi[b], : seq[b]].long()
+        ref = _naive_attention(
+            q[b : b + 1],
+            kb_ref[rows],
+            vb_ref[rows],
+            torch.ones(1, int(seq[b]), dtype=torch.bool),
+            1 / math.sqrt(D),
+            cap,
+        )
+        torch.testing.assert_close(out[b], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_sliding_window() -> None:
+    kb, vb, r2t = _pool(2)
+    rpi, seq = torch.tensor([1]), torch.tensor([20])
+    q = torch.randn(1, H, D, generator=torch.Generator().manual_seed(3))
+    out = torch.empty(1, H, D)
+    torch.ops.sgl_kernel.decode_attention_cpu(
+        q,
+        kb,
+        vb,
+        1.0,
+        1.0,
+        out,
+        None,
+        None,
+        torch.tensor([0]),
+        torch.empty(0),
+        r2t,
+        rpi,
+        seq,
+        0.3,
+        0.0,
+        False,
+        4,
+        None,
+        None,
+    )
+    rows = r2t[1, :20].long()
+    allowed = torch.arange(20)[None, :] >= 16  # the 4 most recent keys
+    ref = _naive_attention(q, kb[rows], vb[rows], allowed, 0.3)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_tree", [False, True])
+def test_extend_attention_matches_loop(use_tree: bool) -> None:
+    kb, vb, r2t = _pool(4)
+    rpi = torch.tensor([3, 1, 0])
+    ext = torch.tensor([4, 1, 6])
+    prefix = torch.tensor([7, 0, 12])
+    seq = prefix + ext
+    start = torch.cumsum(ext, 0) - ext
+    g = torch.Generator().manual_seed(5)
+    T = int(ext.sum())
+    q = torch.randn(T, H, D, generator=g)
+    ke, ve = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    masks = [torch.rand(int(e), int(e), generator=g) > 0.4 for e in ext]
+    for m in masks:
+        m.fill_diagonal_(True)
+    tree = torch.cat([m.reshape(-1) for m in masks]) if use_tree else None
+    out = torch.full((T, H, D), float("nan"))
+    torch.ops.sgl_kernel.extend_attention_cpu(
+        q,
+        ke,
+        ve,
+        out,
+        kb,
+        vb,
+        1.0,
+        1.0,
+        r2t,
+        rpi,
+        seq,
+        ext.int(),
+        start.int(),
+        int(ext.max()),
+        0.25,
+        0.0,
+        False,
+        0,
+        None,
+        None,
+        tree,
+        True,
+    )
+    for b in range(3):
+        p, e, s = int(prefix[b]), int(ext[b]), int(start[b])
+        rows = r2t[rpi[b], :p].long()
+        k = torch.cat([kb[rows], ke[s : s + e]])
+        v = torch.cat([vb[rows], ve[s : s + e]])
+        inner = masks[b] if use_tree else torch.ones(e, e).tril().bool()
+        allowed = torch.cat([torch.ones(e, p, dtype=torch.bool), inner], 1)
+        ref = _naive_attention(q[s : s + e], k, v, allowed, 0.25)
+        torch.testing.assert_close(out[s : s + e], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_assign_and_read_cache_locs_roundtrip() -> None:
+    r2t = torch.zeros(4, 16, dtype=torch.int32)
+    rpi = torch.tensor([2, 0])
+    start, end = torch.tensor([3, 0]), torch.tensor([6, 2])
+    locs = torch.tensor([11, 12, 13, 21, 22])
+    sgl_kernel.assign_req_to_token_pool_cpu(rpi, r2t, start, end, locs, 16)
+    assert r2t[2, 3:6].tolist() == [11, 12, 13] and r2t[0, 0:2].tolist() == [21, 22]
+    assert int((r2t != 0).sum()) == 5
+    back = torch.zeros(5, dtype=torch.int64)
+    sgl_kernel.assign_extend_cache_locs_cpu(rpi, r2t, start, end, back, 16)
+    assert back.tolist() == locs.tolist()
+
+
+def test_draft_cache_locs_bonus_and_accept_fill() -> None:
+    r2t = torch.arange(64, dtype=torch.int32).reshape(4, 16)
+    out = torch.zeros(2 * 3, dtype=torch.int64)
+    sgl_kernel.assign_draft_cache_locs_contiguous_cpu(
+        torch.tensor([1, 3]), r2t, torch.tensor([5, 2]), out, 16, 1, 3
+    )
+    assert out.tolist() == [21, 22, 23, 50, 51, 52]
+    bonus = torch.zeros(2, dtype=torch.int64)
+    sgl_kernel.fill_bonus_tokens_cpu(
+        torch.tensor([[7, 8, 9], [4, 5, 6]]), torch.tensor([2, 3]), bonus, 3
+    )
+    assert bonus.tolist() == [8, 6]
+    acc = torch.full((4,), -1, dtype=torch.int64)
+    sgl_kernel.fill_accept_out_cache_loc_cpu(
+        torch.tensor([0, -1, 2, 5]), torch.tensor([100, 101, 102, 103, 104, 105]), acc
+    )
+    assert acc.tolist() == [100, 102, 105, -1]
+
+
+def test_copy_all_layer_kv_cache_overlapping_ranges() -> None:
+    bufs = [torch.arange(40, dtype=torch.float32).reshape(10, 4), torch.arange(20.0).reshape(10, 2)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
+    strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs])
+    expected = [b.clone() for b in bufs]
+    src, tgt = torch.tensor([2, 3, 4]), torch.tensor([3, 4, 5])  # overlapping shift
+    for e in expected:
+        e[tgt] = e[src].clone()
+    sgl_kernel.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    for b, e in zip(bufs, expected, strict=True):
+        assert torch.equal(b, e)
+
+
+def test_exposes_only_reference_names() -> None:
+    assert sgl_kernel.IS_REFERENCE_IMPLEMENTATION
+    # SGLang treats this op as "AMX weight packing available"; we must not claim it.
+    assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
+    with pytest.raises(NotImplementedError, match="tree speculation"):
+        sgl_kernel.build_tree_kernel_efficient_cpu()

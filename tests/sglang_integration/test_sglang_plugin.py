@@ -1,0 +1,85 @@
+"""The plugin entry point and the CPU bridges, in-process (no engine start)."""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+
+def test_entry_point_is_declared_and_resolves() -> None:
+    eps = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
+    assert "dspark_sglang" in eps
+    from dspark_sglang import sglang_plugin
+
+    assert eps["dspark_sglang"].load() is sglang_plugin.load
+
+
+def test_load_registers_cpu_bridges_and_has_amx() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.runtime_context import get_platform
+
+    from dspark_sglang import sglang_plugin
+    from dspark_sglang.sglang_integration import cpu_bridges
+
+    sglang_plugin.load()
+    assert get_platform().has_amx is True
+    for target in (
+        cpu_bridges.HANDLE_DSPARK,
+        cpu_bridges.RECORD_STREAM,
+        cpu_bridges.AMX_EXTEND_METADATA,
+    ):
+        assert any(
+            h is not None and h.__module__ == cpu_bridges.__name__
+            for _, h, _ in HookRegistry._hooks[target]
+        ), target
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+    assert "intel_amx" in DRAFT_ATTENTION_BACKEND_CHOICES
+
+
+def test_record_stream_bridge_is_a_noop_only_for_cpu() -> None:
+    from dspark_sglang.sglang_integration.cpu_bridges import record_stream_cpu_tolerant
+
+    t = torch.zeros(3)
+    stream = torch.get_device_module("cpu").current_stream()
+    original = torch._C.TensorBase.record_stream
+    with pytest.raises(RuntimeError):
+        original(t, stream)  # the gap: SGLang's call fails on CPU unbridged
+    assert record_stream_cpu_tolerant(original, t, stream) is None
+
+
+def test_bridges_stay_off_without_cpu_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dspark_sglang.sglang_integration import cpu_bridges
+
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "0")
+    assert cpu_bridges.install() is False
+
+
+def test_dspark_moe_is_registered_and_answers_like_dspark() -> None:
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from dspark_sglang import sglang_plugin
+    from dspark_sglang.sglang_integration.dspark_moe import DSparkMoeSpecAlgo
+
+    sglang_plugin.load()
+    algo = SpeculativeAlgorithm.from_string("dspark_moe")
+    assert isinstance(algo, DSparkMoeSpecAlgo)
+    dspark = SpeculativeAlgorithm.DSPARK
+    predicates = [n for n in vars(SpeculativeAlgorithm) if n.startswith(("is_", "supports_"))]
+    assert predicates
+    for name in predicates:
+        assert getattr(algo, name)() == getattr(dspark, name)(), name
+    # The methods SGLang 0.5.23's CustomSpecAlgo lacks but the scheduler calls.
+    assert algo.carries_draft_hidden_states() == dspark.carries_draft_hidden_states()
+    assert algo.need_topk() == dspark.need_topk()
+    assert algo.get_platform_worker_cls() is None
+    worker = algo.create_worker(SimpleNamespace(disable_overlap_schedule=False))
+    assert issubclass(worker, DSparkWorkerV2)
