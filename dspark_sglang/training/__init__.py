@@ -1,0 +1,4 @@
+"""Drafter training: prompts, target-regenerated data, anchors, the DSpark loss, the trainer.
+
+Entry point: ``dspark-sglang train --config configs/<x>.yaml`` (``training/cli.py``).
+"""

@@ -1,0 +1,163 @@
+"""``dspark-sglang train --config configs/<x>.yaml``: data generation and drafter training.
+
+Stages: ``data`` builds the prompt mix, checks it is disjoint from the eval
+sets, has the target regenerate responses (temperature 1) and caches hidden
+states; ``train`` trains the configured drafter on that cache; ``all`` (the
+default) does both. Both stages resume where they stopped (data: per shard;
+train: ``--resume`` from the latest checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from dspark_sglang.cli import Command
+from dspark_sglang.training.config import TrainConfig, load_config
+
+
+def _add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, type=Path, help="training config YAML (configs/)")
+    p.add_argument(
+        "--stage",
+        choices=("data", "train", "all"),
+        default="all",
+        help="data: prompts -> responses -> hidden cache; train: drafter; all: both",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue training from the latest checkpoint in run.out_dir",
+    )
+    p.add_argument("--max-steps", type=int, default=None, help="override optim.max_steps")
+    p.add_argument(
+        "--limit-prompts",
+        type=int,
+        default=None,
+        help="use only the first N prompts of the mix (dry runs, sizing)",
+    )
+    p.add_argument("--data-dir", type=Path, default=None, help="override data.dir")
+    p.add_argument("--out-dir", type=Path, default=None, help="override run.out_dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (CI logs)")
+
+
+def load_target(cfg: TrainConfig):
+    """The configured target (``smollm2`` = the converted PyPI GGUF, else an HF folder)."""
+    from dspark_sglang.targets.hf_target import HFTarget
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+    path = ensure_smollm2() if cfg.target.name == "smollm2" else Path(cfg.target.name)
+    return HFTarget(path, num_threads=cfg.run.threads)
+
+
+def run_data_stage(cfg: TrainConfig, target, limit: int | None, progress: bool) -> dict[str, float]:
+    """Prompts -> regenerated responses -> float16 hidden cache; returns throughput figures."""
+    from dspark_sglang.data.evalsets import load_gsm8k_test, load_humaneval, load_mtbench
+    from dspark_sglang.training.datagen import (
+        HIDDEN_DIR,
+        RESPONSES_DIR,
+        EncodedPrompt,
+        GenerationSettings,
+        cache_hidden_states,
+        generate_responses,
+        throughput,
+    )
+    from dspark_sglang.training.prompts import assert_disjoint, build_training_prompts
+    from dspark_sglang.training.trainer import resolve_layer_ids
+
+    d = cfg.data
+    prompts = build_training_prompts(d.num_math, d.num_code, d.num_chat, d.seed)
+    assert_disjoint(prompts, [*load_gsm8k_test(), *load_humaneval(), *load_mtbench()])
+    encoded = []
+    for p in prompts:
+        ids = target.encode_chat(p.chat())
+        if len(ids) <= d.max_prompt_tokens:
+            encoded.append(EncodedPrompt(id=p.id, domain=p.domain, prompt_ids=ids))
+    if limit is not None:
+        encoded = encoded[:limit]
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_ids[0]
+    settings = GenerationSettings(
+        max_new_tokens=d.max_new_tokens, batch_size=d.gen_batch_size, seed=d.seed
+    )
+    print(f"[data] {len(encoded)} prompts (of {len(prompts)}) -> {d.dir}")
+    generate_responses(
+        target.model,
+        encoded,
+        d.dir,
+        settings,
+        pad_token_id=pad,
+        eos_token_ids=target.eos_token_ids,
+        progress=progress,
+    )
+    layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
+    cache_hidden_states(
+        target.model,
+        d.dir,
+        layer_ids,
+        batch_size=d.hidden_batch_size,
+        pad_token_id=pad,
+        progress=progress,
+    )
+    gen = throughput(Path(d.dir) / RESPONSES_DIR)
+    hid = throughput(Path(d.dir) / HIDDEN_DIR)
+    figures = {
+        "gen_tokens": gen["tokens"],
+        "gen_tokens_per_s": gen["tokens_per_s"],
+        "hidden_tokens": hid["tokens"],
+        "hidden_tokens_per_s": hid["tokens_per_s"],
+        "threads": cfg.run.threads,
+    }
+    (Path(d.dir) / "throughput.json").write_text(json.dumps(figures, indent=2))
+    print(
+        f"[data] generation {gen['tokens_per_s']:.1f} tok/s, hidden cache "
+        f"{hid['tokens_per_s']:.1f} tok/s"
+    )
+    return figures
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    if args.max_steps is not None:
+        cfg = cfg.with_overrides(optim={"max_steps": args.max_steps})
+    if args.data_dir is not None:
+        cfg = cfg.with_overrides(data={"dir": str(args.data_dir.resolve())})
+    if args.out_dir is not None:
+        cfg = cfg.with_overrides(run={"out_dir": str(args.out_dir.resolve())})
+    progress = not args.no_progress
+    t0 = time.perf_counter()
+    target = load_target(cfg)
+    if args.stage in ("data", "all"):
+        run_data_stage(cfg, target, args.limit_prompts, progress)
+    if args.stage in ("train", "all"):
+        from dspark_sglang.training.dataset import HiddenCache
+        from dspark_sglang.training.trainer import Trainer
+
+        trainer = Trainer(
+            cfg,
+            HiddenCache(cfg.data.dir),
+            target.spec,
+            target.model.config,
+            target.embed_tokens,
+            target.lm_head,
+            target.default_mask_token_id(),
+        )
+        res = trainer.train(resume=args.resume, progress=progress)
+        print(
+            f"[train] {cfg.name}: step {res.final_step}, loss {res.first_loss:.4f} -> "
+            f"{res.last_loss:.4f}, {res.steps_per_s:.3f} steps/s, "
+            f"{res.anchors_per_s:.1f} anchors/s; checkpoint {res.final_checkpoint}"
+        )
+    print(f"[done] {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "train": (
+        "Generate training data with the target and train a drafter (DSpark, DFlash, EAGLE3).",
+        _add_args,
+        _run,
+    ),
+}

@@ -1,0 +1,260 @@
+"""Training run configuration: one YAML file -> one validated, frozen ``TrainConfig``.
+
+Why a strict schema: a typo in a config key (``warmup_step``) that is silently
+ignored costs a 2-hour CPU run. Every section is a frozen dataclass that
+validates its own fields; unknown keys anywhere are refused with the allowed
+names listed. Relative paths in the file are resolved against the repository
+root (the parent of ``configs/``) so a run behaves the same from any cwd.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+from dspark_sglang.training.anchors import AnchorConfig
+from dspark_sglang.training.losses import LossConfig
+
+DrafterKind = Literal["dspark", "dflash", "eagle3"]
+
+
+def _positive_int(section: str, name: str, value: object, lo: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{section}.{name} must be an integer >= {lo}, got {value!r}")
+
+
+def _number(section: str, name: str, value: object, lo: float = 0.0, hi: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ValueError(f"{section}.{name} must be a number in [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Which target, and which of its layers feed the drafter (None: the drafter default)."""
+
+    name: str = "smollm2"
+    layer_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(
+                f"target.name must be 'smollm2' or a path to an HF model folder, got {self.name!r}"
+            )
+        if self.layer_ids is not None:
+            ids = tuple(self.layer_ids)
+            if not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+                raise ValueError(f"target.layer_ids must be a list of ints >= 0, got {ids!r}")
+            object.__setattr__(self, "layer_ids", ids)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt mix and generation settings; ``dir`` is shared by drafters on the same data."""
+
+    dir: str = "runs/data/smollm2"
+    num_math: int = 512
+    num_code: int = 256
+    num_chat: int = 256
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 256
+    gen_batch_size: int = 16
+    hidden_batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dir, str) or not self.dir:
+            raise ValueError(f"data.dir must be a non-empty path, got {self.dir!r}")
+        for name in ("num_math", "num_code", "num_chat"):
+            _positive_int("data", name, getattr(self, name), lo=0)
+        if self.num_math + self.num_code + self.num_chat == 0:
+            raise ValueError("data.num_math + num_code + num_chat must be > 0")
+        for name in ("max_prompt_tokens", "max_new_tokens", "gen_batch_size", "hidden_batch_size"):
+            _positive_int("data", name, getattr(self, name))
+        _positive_int("data", "seed", self.seed, lo=0)
+
+
+@dataclass(frozen=True)
+class DrafterSection:
+    """Drafter kind, block size, and architecture overrides for its config class."""
+
+    kind: DrafterKind = "dspark"
+    block_size: int = 7
+    model: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(DrafterKind):
+            raise ValueError(
+                f"drafter.kind must be one of {get_args(DrafterKind)}, got {self.kind!r}"
+            )
+        _positive_int("drafter", "block_size", self.block_size)
+        if not isinstance(self.model, Mapping):
+            raise ValueError(f"drafter.model must be a mapping of overrides, got {self.model!r}")
+        for banned in ("block_size", "target_layer_ids"):
+            if banned in self.model:
+                raise ValueError(
+                    f"drafter.model.{banned} is set elsewhere: use drafter.block_size / "
+                    "target.layer_ids so all drafters and the data cache agree"
+                )
+        if self.kind == "dflash" and self.model.get("markov_head_type", "none") != "none":
+            raise ValueError(
+                "drafter.kind 'dflash' is the parallel drafter without a sequential head; "
+                "drop drafter.model.markov_head_type or use kind 'dspark'"
+            )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 50
+    max_steps: int = 2000
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    aux_loss_weight: float = 0.01
+
+    def __post_init__(self) -> None:
+        _number("optim", "lr", self.lr, lo=1e-12, hi=1.0)
+        _number("optim", "weight_decay", self.weight_decay)
+        _number("optim", "beta1", self.beta1, hi=0.99999)
+        _number("optim", "beta2", self.beta2, hi=0.99999)
+        _positive_int("optim", "warmup_steps", self.warmup_steps, lo=0)
+        _positive_int("optim", "max_steps", self.max_steps)
+        _number("optim", "min_lr_ratio", self.min_lr_ratio, hi=1.0)
+        _number("optim", "grad_clip", self.grad_clip, lo=1e-9)
+        _number("optim", "aux_loss_weight", self.aux_loss_weight)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where outputs go and how often; ``threads`` is explicit (shared CPUs)."""
+
+    out_dir: str = "runs/train/dspark_smollm2"
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    threads: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.out_dir, str) or not self.out_dir:
+            raise ValueError(f"run.out_dir must be a non-empty path, got {self.out_dir!r}")
+        for name in ("checkpoint_every", "keep_checkpoints", "log_every", "threads"):
+            _positive_int("run", name, getattr(self, name))
+        _positive_int("run", "seed", self.seed, lo=0)
+
+
+_SECTIONS: dict[str, type] = {
+    "target": TargetConfig,
+    "data": DataConfig,
+    "drafter": DrafterSection,
+    "anchors": AnchorConfig,
+    "loss": LossConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str
+    target: TargetConfig
+    data: DataConfig
+    drafter: DrafterSection
+    anchors: AnchorConfig
+    loss: LossConfig
+    optim: OptimConfig
+    run: RunConfig
+
+    def __post_init__(self) -> None:
+        if self.anchors.block_size != self.drafter.block_size:
+            raise ValueError(
+                f"anchors.block_size ({self.anchors.block_size}) must equal drafter.block_size "
+                f"({self.drafter.block_size}); set only drafter.block_size"
+            )
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], base_dir: Path | None = None) -> TrainConfig:
+        """Validate a parsed YAML mapping; relative paths resolve against ``base_dir``."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"a training config must be a YAML mapping, got {type(raw).__name__}")
+        allowed = {"name", *_SECTIONS}
+        unknown = sorted(set(raw) - allowed)
+        if unknown:
+            raise ValueError(f"unknown top-level config keys {unknown}; allowed: {sorted(allowed)}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError("config needs a non-empty 'name' (used in logs and plots)")
+        sections: dict[str, Any] = {}
+        for key, klass in _SECTIONS.items():
+            body = raw.get(key) or {}
+            if not isinstance(body, Mapping):
+                raise ValueError(f"config section '{key}' must be a mapping, got {body!r}")
+            body = dict(body)
+            if key == "anchors":
+                if "block_size" in body:
+                    raise ValueError("anchors.block_size is derived; set drafter.block_size")
+                body["block_size"] = (raw.get("drafter") or {}).get("block_size", 7)
+            known = {f.name for f in dataclasses.fields(klass)}
+            bad = sorted(set(body) - known)
+            if bad:
+                raise ValueError(
+                    f"unknown keys {[f'{key}.{b}' for b in bad]}; allowed in '{key}': "
+                    f"{sorted(known - {'block_size'} if key == 'anchors' else known)}"
+                )
+            if key == "target" and body.get("layer_ids") is not None:
+                body["layer_ids"] = tuple(body["layer_ids"])
+            sections[key] = klass(**body)
+        cfg = cls(name=name, **sections)
+        if base_dir is not None:
+            cfg = cfg.resolve_paths(base_dir)
+        return cfg
+
+    def resolve_paths(self, base_dir: Path) -> TrainConfig:
+        def res(p: str) -> str:
+            return str(p if Path(p).is_absolute() else (base_dir / p).resolve())
+
+        return dataclasses.replace(
+            self,
+            data=dataclasses.replace(self.data, dir=res(self.data.dir)),
+            run=dataclasses.replace(self.run, out_dir=res(self.run.out_dir)),
+        )
+
+    def with_overrides(self, **sections: Mapping[str, Any]) -> TrainConfig:
+        """A copy with some fields of some sections replaced (CLI flags, tests)."""
+        out = self
+        for key, values in sections.items():
+            out = dataclasses.replace(
+                out, **{key: dataclasses.replace(getattr(out, key), **values)}
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["drafter"]["model"] = dict(self.drafter.model)
+        return d
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Parse and validate a YAML training config (paths relative to the repo root)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+    base = path.resolve().parent
+    if base.name == "configs":
+        base = base.parent
+    try:
+        return TrainConfig.from_dict(raw, base_dir=base)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc

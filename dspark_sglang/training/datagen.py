@@ -1,0 +1,419 @@
+"""Training data from the target itself: regenerated responses, then cached hidden states.
+
+Two resumable passes, both organised as *append-only shards + an index*:
+
+1. ``generate_responses``: prompts (already token ids, encoded with the
+   target's chat template) are batched in a fixed order, left-padded and
+   sampled by the target at temperature 1 (no top-k/top-p: the drafter must
+   learn the target's true distribution). Batch ``i`` is seeded with
+   ``seed_for(seed, i)``, so a batch's output depends only on its prompts and
+   its index: re-running after a kill skips indexed batches and regenerates the
+   rest to byte-identical shards. A shard is written to a temp file and renamed
+   before its index line is appended, so a crash leaves either a complete,
+   indexed shard or nothing the index knows about.
+2. ``cache_hidden_states``: every response shard gets a hidden shard holding,
+   per token, the target's decoder-layer outputs at ``layer_ids``
+   (HF ``hidden_states[l + 1]``, concatenated) and the last hidden state
+   (after the final norm, i.e. what the LM head consumes) in float16. Logits
+   are never stored: the trainer recomputes target logits from the last hidden
+   state with the frozen LM head at the sampled positions only (V = 49152 would
+   make a logits cache ~85x larger).
+
+A ``manifest.json`` pins the settings a directory was produced with; resuming
+with different settings is refused with the mismatching keys named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, PreTrainedModel
+
+RESPONSES_DIR = "responses"
+HIDDEN_DIR = "hidden"
+INDEX_FILE = "index.jsonl"
+MANIFEST_FILE = "manifest.json"
+
+
+class EncodedPrompt(msgspec.Struct, frozen=True):
+    """A training prompt as the target sees it (chat template applied)."""
+
+    id: str
+    domain: str
+    prompt_ids: list[int]
+
+
+class ResponseRecord(msgspec.Struct, frozen=True):
+    """One regenerated sample. ``finished``: the response ends with an EOS token."""
+
+    id: str
+    domain: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    finished: bool
+
+
+class IndexEntry(msgspec.Struct, frozen=True):
+    """One line of a pass's ``index.jsonl``: a complete shard and what it holds."""
+
+    shard: str
+    batch: int
+    ids: list[str]
+    sha256: str
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How responses are sampled; stored in the manifest and checked on resume."""
+
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(
+                f"data.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}"
+            )
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ValueError(f"data.gen_batch_size must be an int >= 1, got {self.batch_size!r}")
+        if not (isinstance(self.temperature, int | float) and self.temperature > 0):
+            raise ValueError(
+                f"data.temperature must be > 0 (responses are sampled, as in the paper), "
+                f"got {self.temperature!r}"
+            )
+
+
+def seed_for(seed: int, batch: int) -> int:
+    """Per-batch seed; a pure function so any batch can be regenerated alone."""
+    digest = hashlib.sha256(f"{seed}:{batch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _check_manifest(directory: Path, manifest: dict[str, object]) -> None:
+    path = directory / MANIFEST_FILE
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
+        if diff:
+            raise ValueError(
+                f"{directory} was produced with different settings ({diff}); use a new "
+                f"output directory or delete {directory} to start over"
+            )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+
+def read_index(directory: Path) -> dict[int, IndexEntry]:
+    """Completed shards of a pass by batch number (entries whose file is intact)."""
+    path = directory / INDEX_FILE
+    done: dict[int, IndexEntry] = {}
+    if not path.exists():
+        return done
+    decoder = msgspec.json.Decoder(IndexEntry)
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = decoder.decode(line)
+        except msgspec.DecodeError:
+            continue  # a torn final line from a crash mid-append
+        shard = directory / entry.shard
+        if shard.exists() and _shard_digest(shard) == entry.sha256:
+            done[entry.batch] = entry
+    return done
+
+
+def _shard_digest(shard: Path) -> str:
+    if shard.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(shard.iterdir()):
+            h.update(f.name.encode())
+            h.update(_sha256(f).encode())
+        return h.hexdigest()
+    return _sha256(shard)
+
+
+def _append_index(directory: Path, entry: IndexEntry) -> None:
+    path = directory / INDEX_FILE
+    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    with open(path, "ab") as fh:
+        # A crash mid-append leaves a torn last line; start a fresh line after it.
+        fh.write((b"\n" if torn else b"") + msgspec.json.encode(entry) + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _batches(n: int, size: int) -> Iterator[tuple[int, range]]:
+    for b, start in enumerate(range(0, n, size)):
+        yield b, range(start, min(n, start + size))
+
+
+def _truncate_at_eos(ids: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """Cut after the first EOS. HF pads only *after* a row's EOS, so a row without
+    EOS has exactly ``max_new_tokens`` real tokens (a sampled pad id stays)."""
+    for j, t in enumerate(ids):
+        if t in eos:
+            return ids[: j + 1], True
+    return ids, False
+
+
+@torch.no_grad()
+def generate_responses(
+    model: PreTrainedModel,
+    prompts: Sequence[EncodedPrompt],
+    out_dir: str | Path,
+    settings: GenerationSettings,
+    *,
+    pad_token_id: int,
+    eos_token_ids: Sequence[int],
+    max_batches: int | None = None,
+    progress: bool = True,
+) -> list[ResponseRecord]:
+    """Sample one response per prompt with the target; resumable (see module docstring).
+
+    ``max_batches`` stops after that many *new* batches (used to size runs and
+    to test resumption). Returns all records generated so far, in prompt order.
+    """
+    root = Path(out_dir) / RESPONSES_DIR
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique (resumption keys shards by prompt id)")
+    manifest = {
+        **asdict(settings),
+        "prompts_sha256": hashlib.sha256(msgspec.json.encode(list(prompts))).hexdigest(),
+        "num_prompts": len(prompts),
+        "eos_token_ids": sorted(int(e) for e in eos_token_ids),
+        "pad_token_id": int(pad_token_id),
+    }
+    _check_manifest(root, manifest)
+    done = read_index(root)
+    eos = {int(e) for e in eos_token_ids}
+    gen_cfg = GenerationConfig(
+        do_sample=True,
+        temperature=float(settings.temperature),
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=settings.max_new_tokens,
+        pad_token_id=int(pad_token_id),
+        eos_token_id=sorted(eos),
+    )
+    model.eval()
+    device = next(model.parameters()).device
+    batches = list(_batches(len(prompts), settings.batch_size))
+    todo = [(b, r) for b, r in batches if b not in done]
+    bar = tqdm(
+        total=len(batches),
+        initial=len(batches) - len(todo),
+        desc="generate",
+        unit="batch",
+        disable=not progress,
+    )
+    if max_batches is not None:
+        todo = todo[:max_batches]
+    for b, rows in todo:
+        batch = [prompts[i] for i in rows]
+        width = max(len(p.prompt_ids) for p in batch)
+        input_ids = torch.full((len(batch), width), int(pad_token_id), dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for j, p in enumerate(batch):
+            input_ids[j, width - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
+            attn[j, width - len(p.prompt_ids) :] = 1
+        torch.manual_seed(seed_for(settings.seed, b))
+        t0 = time.perf_counter()
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attn.to(device),
+            generation_config=gen_cfg,
+        )
+        seconds = time.perf_counter() - t0
+        records = []
+        for j, p in enumerate(batch):
+            resp, finished = _truncate_at_eos(out[j, width:].tolist(), eos)
+            records.append(ResponseRecord(p.id, p.domain, list(p.prompt_ids), resp, finished))
+        name = f"shard-{b:05d}.jsonl"
+        data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
+        _atomic_write_bytes(root / name, data)
+        tokens = sum(len(r.response_ids) for r in records)
+        _append_index(
+            root,
+            IndexEntry(
+                name, b, [p.id for p in batch], _sha256(root / name), tokens, round(seconds, 3)
+            ),
+        )
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.0f}")
+    bar.close()
+    return load_responses(out_dir)
+
+
+def load_responses(out_dir: str | Path) -> list[ResponseRecord]:
+    """All indexed response records, in batch (= prompt) order."""
+    root = Path(out_dir) / RESPONSES_DIR
+    decoder = msgspec.json.Decoder(ResponseRecord)
+    records: list[ResponseRecord] = []
+    for _, entry in sorted(read_index(root).items()):
+        for line in (root / entry.shard).read_bytes().splitlines():
+            records.append(decoder.decode(line))
+    return records
+
+
+def throughput(directory: str | Path) -> dict[str, float]:
+    """Tokens, seconds and tokens/s summed over a pass's index (for sizing runs)."""
+    entries = read_index(Path(directory)).values()
+    tokens = sum(e.tokens for e in entries)
+    seconds = sum(e.seconds for e in entries)
+    return {
+        "tokens": float(tokens),
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+    }
+
+
+# --------------------------------------------------------------------------- hidden states
+
+
+@torch.no_grad()
+def target_hidden_states(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    layer_ids: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(aux [S, T, n*H], last [S, T, H])`` float32 for right-padded sequences.
+
+    ``aux`` concatenates the outputs of decoder layers ``layer_ids`` (HF
+    ``hidden_states[l + 1]``); ``last`` is the final-normed state the LM head
+    reads. Right padding leaves the causal states of real tokens untouched.
+    """
+    num_layers = int(model.config.num_hidden_layers)
+    bad = [lid for lid in layer_ids if not 0 <= lid < num_layers - 1]
+    if bad:
+        raise ValueError(
+            f"layer ids {bad} out of range [0, {num_layers - 2}] (the last layer's output "
+            "is the final hidden state, never a context layer)"
+        )
+    out = model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+    )
+    hs = out.hidden_states
+    aux = torch.cat([hs[lid + 1] for lid in layer_ids], -1).float()
+    return aux, out.last_hidden_state.float()
+
+
+def cache_hidden_states(
+    model: PreTrainedModel,
+    out_dir: str | Path,
+    layer_ids: Sequence[int],
+    *,
+    batch_size: int = 4,
+    pad_token_id: int = 0,
+    progress: bool = True,
+) -> Path:
+    """Run the target over every indexed response shard, writing float16 hidden shards.
+
+    Each hidden shard ``hidden/shard-NNNNN/`` holds ``tokens.npy`` (int32,
+    ``[N]`` all sequences concatenated), ``aux.npy`` (float16 ``[N, n*H]``),
+    ``last.npy`` (float16 ``[N, H]``), ``offsets.npy`` (int64 ``[n+1]``),
+    ``response_start.npy`` (int64 ``[n]``) and ``ids.json``. Resumable per shard.
+    """
+    out_dir = Path(out_dir)
+    resp_root = out_dir / RESPONSES_DIR
+    root = out_dir / HIDDEN_DIR
+    _check_manifest(
+        root,
+        {
+            "layer_ids": [int(x) for x in layer_ids],
+            "hidden_size": int(model.config.hidden_size),
+            "dtype": "float16",
+        },
+    )
+    done = read_index(root)
+    responses = read_index(resp_root)
+    decoder = msgspec.json.Decoder(ResponseRecord)
+    model.eval()
+    device = next(model.parameters()).device
+    todo = [(b, e) for b, e in sorted(responses.items()) if b not in done]
+    bar = tqdm(
+        total=len(responses),
+        initial=len(responses) - len(todo),
+        desc="hidden",
+        unit="shard",
+        disable=not progress,
+    )
+    for b, entry in todo:
+        recs = [decoder.decode(x) for x in (resp_root / entry.shard).read_bytes().splitlines()]
+        seqs = [r.prompt_ids + r.response_ids for r in recs]
+        aux_parts: list[np.ndarray] = []
+        last_parts: list[np.ndarray] = []
+        t0 = time.perf_counter()
+        for start in range(0, len(seqs), batch_size):
+            chunk = seqs[start : start + batch_size]
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), int(pad_token_id), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, s in enumerate(chunk):
+                ids[j, : len(s)] = torch.tensor(s)
+                mask[j, : len(s)] = 1
+            aux, last = target_hidden_states(model, ids.to(device), mask.to(device), layer_ids)
+            for j, s in enumerate(chunk):
+                aux_parts.append(aux[j, : len(s)].to(torch.float16).cpu().numpy())
+                last_parts.append(last[j, : len(s)].to(torch.float16).cpu().numpy())
+        seconds = time.perf_counter() - t0
+        name = f"shard-{b:05d}"
+        tmp = root / (name + ".tmp")
+        if tmp.exists():
+            for f in tmp.iterdir():
+                f.unlink()
+        tmp.mkdir(parents=True, exist_ok=True)
+        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+        np.save(tmp / "tokens.npy", np.array([t for s in seqs for t in s], dtype=np.int32))
+        np.save(tmp / "aux.npy", np.concatenate(aux_parts, 0))
+        np.save(tmp / "last.npy", np.concatenate(last_parts, 0))
+        np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        np.save(tmp / "response_start.npy", np.array([len(r.prompt_ids) for r in recs], np.int64))
+        (tmp / "ids.json").write_text(json.dumps([r.id for r in recs]))
+        final = root / name
+        if final.exists():  # an unindexed leftover from a crash
+            for f in final.iterdir():
+                f.unlink()
+            final.rmdir()
+        os.replace(tmp, final)
+        _append_index(
+            root,
+            IndexEntry(
+                name,
+                b,
+                [r.id for r in recs],
+                _shard_digest(final),
+                int(lengths.sum()),
+                round(seconds, 3),
+            ),
+        )
+        bar.update(1)
+    bar.close()
+    return root

@@ -1,0 +1,170 @@
+"""The DSpark training objective (DSPARK.md, "Training").
+
+Every drafter in the comparison is trained with this one function so that the
+acceptance numbers differ only by architecture, never by objective:
+
+    loss = w_ce * CE + w_l1 * L1 + w_bce * BCE          (defaults 0.1 / 0.9 / 1.0)
+
+Each term is a *weighted mean* over the block slots of all anchors, with weight
+``w_k * m_k``: ``w_k = exp(-k / gamma)`` (k counted from 0, gamma = 4 for B = 7)
+favours early slots, whose acceptance gates every later one, and ``m_k`` is the
+cumulative product of the per-slot validity (supervision stops at the first
+invalid label, e.g. past the end of the sequence or on anchor padding).
+
+* CE: cross-entropy of the draft logits against the ground-truth next token.
+* L1: ``|| softmax(draft) - softmax(target) ||_1`` (the full L1, range [0, 2]).
+  ``1 - L1/2 = sum_v min(p_d, p_t)`` is exactly the chain-sampling acceptance
+  probability of one draft token, so L1 is the quantity speculative decoding
+  pays for, while CE keeps the mode right.
+* BCE: binary cross-entropy (with logits) of the confidence head against the
+  detached label ``a* = clamp(1 - L1/2, 0, 1)``: the confidence head learns to
+  predict the acceptance probability without pushing gradients into the draft
+  distribution through its own label.
+
+The draft logits are the ones tokens are drawn from (after the Markov bias,
+teacher-forced on the ground-truth previous token). Drafters without a Markov
+head (DFlash-style) or without a confidence head pass ``conf_logits=None`` and
+the BCE term is reported as 0 and not added.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dspark_sglang.sampling import logits_to_probs
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Weights of the three terms and the position-decay constant."""
+
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    bce_weight: float = 1.0
+    gamma: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("ce_weight", "l1_weight", "bce_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"loss.{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.gamma, int | float) and self.gamma > 0.0):
+            raise ValueError(
+                f"loss.gamma must be > 0 (the position-decay constant, 4 for B = 7), "
+                f"got {self.gamma!r}"
+            )
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """The total loss (differentiable) plus its parts and per-slot diagnostics.
+
+    ``accept_per_slot[k]`` is the weighted mean of ``1 - L1_k/2`` over valid
+    slots k: the expected single-token acceptance probability, the number a
+    training log should show going up.
+    """
+
+    total: torch.Tensor
+    ce: torch.Tensor
+    l1: torch.Tensor
+    bce: torch.Tensor
+    accept_per_slot: torch.Tensor  # [B], detached
+
+    def as_floats(self) -> dict[str, float]:
+        return {
+            "loss": float(self.total.detach()),
+            "ce": float(self.ce.detach()),
+            "l1": float(self.l1.detach()),
+            "bce": float(self.bce.detach()),
+        }
+
+
+def position_weights(
+    block_size: int, gamma: float, device: torch.device | None = None
+) -> torch.Tensor:
+    """``w_k = exp(-k / gamma)`` for ``k = 0 .. block_size-1`` (float32, ``[B]``)."""
+    k = torch.arange(block_size, dtype=torch.float32, device=device)
+    return torch.exp(-k / gamma)
+
+
+def cumulative_validity(valid: torch.Tensor) -> torch.Tensor:
+    """Cumulative product along the block axis: once a slot is invalid, so is every later one."""
+    return torch.cumprod(valid.to(torch.float32), dim=-1)
+
+
+def _weighted_mean(
+    values: torch.Tensor, weights: torch.Tensor, denom: torch.Tensor
+) -> torch.Tensor:
+    return (values * weights).sum() / denom
+
+
+def dspark_loss(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    conf_logits: torch.Tensor | None,
+    config: LossConfig = LossConfig(),
+) -> LossTerms:
+    """Weighted DSpark loss over a batch of blocks.
+
+    Shapes: ``draft_logits``/``target_logits`` ``[..., B, V]``, ``labels``/``valid``
+    ``[..., B]`` (leading dims are anchors, flattened here), ``conf_logits``
+    ``[..., B]`` or None. Labels at invalid slots may hold anything (they are
+    replaced by 0 before the CE gather and then weighted by 0).
+
+    Invariant: with ``m = cumprod(valid)`` and ``w_k = exp(-k/gamma)``, each
+    term equals ``sum(w*m*term) / sum(w*m)``; an all-invalid batch gives 0.
+    """
+    if draft_logits.shape != target_logits.shape:
+        raise ValueError(
+            f"draft_logits {tuple(draft_logits.shape)} and target_logits "
+            f"{tuple(target_logits.shape)} must have the same shape"
+        )
+    block, vocab = draft_logits.shape[-2:]
+    if labels.shape != draft_logits.shape[:-1] or valid.shape != labels.shape:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} and valid {tuple(valid.shape)} must be "
+            f"{tuple(draft_logits.shape[:-1])} (the logits without the vocab axis)"
+        )
+    draft = draft_logits.reshape(-1, block, vocab).float()
+    target = target_logits.reshape(-1, block, vocab).float()
+    mask = cumulative_validity(valid.reshape(-1, block))
+    weights = mask * position_weights(block, config.gamma, draft.device)
+    denom = weights.sum().clamp_min(1e-12)
+    safe_labels = torch.where(mask > 0, labels.reshape(-1, block), torch.zeros_like(mask).long())
+
+    ce = F.cross_entropy(draft.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none")
+    ce = ce.reshape(mask.shape)
+
+    p_draft = logits_to_probs(draft)
+    with torch.no_grad():
+        p_target = logits_to_probs(target)
+    l1 = (p_draft - p_target).abs().sum(-1)
+    accept = (1.0 - l1.detach() / 2.0).clamp(0.0, 1.0)
+
+    ce_mean = _weighted_mean(ce, weights, denom)
+    l1_mean = _weighted_mean(l1, weights, denom)
+    total = config.ce_weight * ce_mean + config.l1_weight * l1_mean
+    if conf_logits is not None:
+        if conf_logits.shape != labels.shape:
+            raise ValueError(
+                f"conf_logits {tuple(conf_logits.shape)} must match labels {tuple(labels.shape)}"
+            )
+        bce = F.binary_cross_entropy_with_logits(
+            conf_logits.reshape(mask.shape).float(), accept, reduction="none"
+        )
+        bce_mean = _weighted_mean(bce, weights, denom)
+        total = total + config.bce_weight * bce_mean
+    else:
+        bce_mean = torch.zeros((), device=draft.device)
+
+    per_slot_den = weights.sum(0).clamp_min(1e-12)
+    accept_per_slot = (accept * weights).sum(0) / per_slot_den
+    return LossTerms(
+        total=total, ce=ce_mean, l1=l1_mean, bce=bce_mean, accept_per_slot=accept_per_slot
+    )

@@ -1,0 +1,142 @@
+"""Response generation (resumable shards) and the float16 hidden-state cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import EOS, PAD, TINY_LAYER_IDS, tiny_llama, tiny_prompts
+
+from dspark_sglang.training.datagen import (
+    HIDDEN_DIR,
+    INDEX_FILE,
+    RESPONSES_DIR,
+    GenerationSettings,
+    cache_hidden_states,
+    generate_responses,
+    load_responses,
+    read_index,
+    throughput,
+)
+from dspark_sglang.training.dataset import HiddenCache
+
+SETTINGS = GenerationSettings(max_new_tokens=24, batch_size=3, seed=7)
+
+
+def _shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.glob("shard-*.jsonl"))}
+
+
+def test_killed_and_resumed_generation_gives_identical_shards(tmp_path: Path) -> None:
+    model, prompts = tiny_llama(), tiny_prompts(10)
+    kw = {"pad_token_id": PAD, "eos_token_ids": [EOS], "progress": False}
+    full = generate_responses(model, prompts, tmp_path / "a", SETTINGS, **kw)
+
+    part = tmp_path / "b"
+    generate_responses(model, prompts, part, SETTINGS, max_batches=2, **kw)
+    root = part / RESPONSES_DIR
+    assert sorted(read_index(root)) == [0, 1]
+    # Simulate a crash in the middle of batch 2: a torn shard and a torn index line.
+    (root / "shard-00002.jsonl").write_bytes(b'{"id": "p006", "dom')
+    with open(root / INDEX_FILE, "ab") as fh:
+        fh.write(b'{"shard": "shard-00002.jsonl", "bat')
+    torch.manual_seed(12345)  # the global RNG state must not matter on resume
+    resumed = generate_responses(model, prompts, part, SETTINGS, **kw)
+
+    assert _shard_bytes(tmp_path / "a" / RESPONSES_DIR) == _shard_bytes(root)
+    assert [r.id for r in resumed] == [p.id for p in prompts]
+    assert resumed == full
+    for rec, p in zip(full, prompts, strict=True):
+        assert rec.prompt_ids == p.prompt_ids
+        assert 1 <= len(rec.response_ids) <= SETTINGS.max_new_tokens
+        assert rec.finished == (rec.response_ids[-1] == EOS)
+        assert EOS not in rec.response_ids[:-1]
+    assert throughput(tmp_path / "a" / RESPONSES_DIR)["tokens"] == sum(
+        len(r.response_ids) for r in full
+    )
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    model, prompts = tiny_llama(), tiny_prompts(3)
+    kw = {"pad_token_id": PAD, "eos_token_ids": [EOS], "progress": False}
+    generate_responses(model, prompts, tmp_path, SETTINGS, max_batches=1, **kw)
+    other = GenerationSettings(max_new_tokens=25, batch_size=3, seed=7)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate_responses(model, prompts, tmp_path, other, **kw)
+
+
+def test_generation_samples_from_the_full_distribution(tmp_path: Path) -> None:
+    # Temperature 1, no top-k: the first generated token of a fixed prompt must follow
+    # softmax(logits). 240 draws of a 96-way categorical; chi-square over the tokens with
+    # expected count >= 5 (others pooled), df <= 95, threshold at p = 0.001.
+    model = tiny_llama()
+    prompt = tiny_prompts(1)[0]
+    prompts = [
+        type(prompt)(id=f"r{i}", domain="chat", prompt_ids=prompt.prompt_ids) for i in range(240)
+    ]
+    recs = generate_responses(
+        model,
+        prompts,
+        tmp_path,
+        GenerationSettings(max_new_tokens=1, batch_size=48, seed=1),
+        pad_token_id=PAD,
+        eos_token_ids=[EOS],
+        progress=False,
+    )
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([prompt.prompt_ids])).logits[0, -1], -1)
+    counts = torch.bincount(torch.tensor([r.response_ids[0] for r in recs]), minlength=96)
+    expected = p * len(recs)
+    big = expected >= 5
+    obs = torch.cat([counts[big].float(), counts[~big].sum().float().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    chi2 = float(((obs - exp) ** 2 / exp.clamp_min(1e-9)).sum())
+    df = int(big.sum())
+    from scipy.stats import chi2 as chi2_dist
+
+    assert chi2 < chi2_dist.ppf(0.999, df), (chi2, df)
+
+
+def test_hidden_cache_matches_the_target_forward(tiny_data_dir: Path) -> None:
+    model = tiny_llama()
+    cache = HiddenCache(tiny_data_dir)
+    records = load_responses(tiny_data_dir)
+    assert cache.ids == [r.id for r in records]
+    for i in (0, 5, 15):
+        seq = cache[i]
+        rec = records[i]
+        assert seq.tokens.tolist() == rec.prompt_ids + rec.response_ids
+        assert seq.response_start == len(rec.prompt_ids)
+        with torch.no_grad():
+            out = model(seq.tokens.unsqueeze(0), output_hidden_states=True)
+        expect_aux = torch.cat([out.hidden_states[l + 1][0] for l in TINY_LAYER_IDS], -1)
+        got_aux = torch.from_numpy(np.asarray(seq.aux, dtype=np.float32))
+        torch.testing.assert_close(got_aux, expect_aux, atol=2e-3, rtol=2e-3)
+        # LM head on the cached last state reproduces the target logits (float16 cache).
+        last = torch.from_numpy(np.asarray(seq.last, dtype=np.float32))
+        with torch.no_grad():
+            logits = model.lm_head(last)
+        torch.testing.assert_close(logits, out.logits[0], atol=3e-2, rtol=1e-2)
+
+
+def test_hidden_pass_is_resumable(tmp_path: Path, tiny_data_dir: Path) -> None:
+    import shutil
+
+    work = tmp_path / "d"
+    shutil.copytree(tiny_data_dir / RESPONSES_DIR, work / RESPONSES_DIR)
+    model = tiny_llama()
+    cache_hidden_states(model, work, TINY_LAYER_IDS, batch_size=4, pad_token_id=PAD, progress=False)
+    root = work / HIDDEN_DIR
+    first = {e.shard: e.sha256 for e in read_index(root).values()}
+    # Drop the last shard's index line: the next run must redo exactly that shard.
+    lines = (root / INDEX_FILE).read_text().splitlines()
+    (root / INDEX_FILE).write_text("\n".join(lines[:-1]) + "\n")
+    cache_hidden_states(model, work, TINY_LAYER_IDS, batch_size=2, pad_token_id=PAD, progress=False)
+    second = {e.shard: e.sha256 for e in read_index(root).values()}
+    assert second == first
+    assert json.loads((root / "manifest.json").read_text())["layer_ids"] == list(TINY_LAYER_IDS)
+    with pytest.raises(ValueError, match="layer_ids"):
+        cache_hidden_states(model, work, (0, 1), progress=False)
