@@ -34,7 +34,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import msgspec
 import torch
@@ -152,7 +152,29 @@ def _check_batch_tokens(num_reqs: int, batch_tokens: torch.Tensor) -> torch.Tens
 # --------------------------------------------------------------------------- #
 
 
-class SpsCostTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _JsonTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """JSON I/O shared by both table kinds.
+
+    A field-less msgspec base, so the subclasses keep SGLang's field order and
+    ``to_json`` stays byte-identical to SGLang's ``msgspec.json.encode``.
+    """
+
+    def to_json(self) -> str:
+        """Exactly the text SGLang's ``to_json()`` gives for these values."""
+        return msgspec.json.encode(self).decode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Self:
+        table = parse_cost_table(data)
+        if not isinstance(table, cls):
+            raise CostTableError(f"expected an {cls.__name__}, got an {type(table).__name__}")
+        return table
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+class SpsCostTable(_JsonTable, frozen=True, forbid_unknown_fields=True):
     """Staircase ``SPS(b)`` sampled at probe batch sizes (SGLang's ``SpsCostTable``).
 
     Fields:
@@ -213,20 +235,6 @@ class SpsCostTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         idx = torch.searchsorted(probes, bt.contiguous(), right=True) - 1
         return rates[idx.clamp(0, probes.numel() - 1)]
 
-    def to_json(self) -> str:
-        """Exactly the text SGLang's ``SpsCostTable.to_json()`` gives for these values."""
-        return msgspec.json.encode(self).decode("utf-8")
-
-    @classmethod
-    def from_json(cls, data: str | bytes) -> SpsCostTable:
-        table = parse_cost_table(data)
-        if not isinstance(table, cls):
-            raise CostTableError(f"expected an {cls.__name__}, got an {type(table).__name__}")
-        return table
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
-
 
 # --------------------------------------------------------------------------- #
 # Additive table.
@@ -244,7 +252,7 @@ def _interp_clamped(xs: torch.Tensor, ys: torch.Tensor, x: torch.Tensor) -> torc
     return ys[lo] + frac * (ys[hi] - ys[lo])
 
 
-class SpsAdditiveCostTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class SpsAdditiveCostTable(_JsonTable, frozen=True, forbid_unknown_fields=True):
     """Additive step-time model (SGLang's ``SpsAdditiveCostTable``).
 
     ``step_time(n, b) = bias_seconds + interp(alpha_seconds @ bs_probes, n)
@@ -321,20 +329,6 @@ class SpsAdditiveCostTable(msgspec.Struct, frozen=True, forbid_unknown_fields=Tr
     def steps_per_sec(self, num_reqs: int, batch_tokens: torch.Tensor) -> torch.Tensor:
         """``1 / step_time`` with ``budget = batch_tokens - num_reqs`` (float64)."""
         return 1.0 / self.step_time_tensor(num_reqs, batch_tokens)
-
-    def to_json(self) -> str:
-        """Exactly the text SGLang's ``SpsAdditiveCostTable.to_json()`` gives."""
-        return msgspec.json.encode(self).decode("utf-8")
-
-    @classmethod
-    def from_json(cls, data: str | bytes) -> SpsAdditiveCostTable:
-        table = parse_cost_table(data)
-        if not isinstance(table, cls):
-            raise CostTableError(f"expected an {cls.__name__}, got an {type(table).__name__}")
-        return table
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
 
 
 CostTable = SpsCostTable | SpsAdditiveCostTable
