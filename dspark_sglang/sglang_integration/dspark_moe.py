@@ -1,14 +1,17 @@
 """``--speculative-algorithm DSPARK_MOE``: our algorithm, registered as an SGLang plugin.
 
-Status: a skeleton that behaves exactly like SGLang's built-in DSPARK. It
-exists so that later work can plug in, without touching the registration:
+What it adds to SGLang's built-in DSPARK:
 
-* our MoE + sliding-window drafter model class (``dspark_sglang/model/``),
-  registered through ``ModelRegistry`` and selected by the draft checkpoint's
-  ``architectures``;
-* our scheduling policies (``dspark_sglang/scheduling/policies.py``,
-  ``decide(confidence [N, B]) -> verify_lens [N]``) behind the worker's
-  verify-budget decision (:attr:`DSparkMoeWorker.verify_policy`).
+* our scheduling policies (``dspark_sglang/scheduling/policies.py``) decide the
+  per-request verify lengths when ``DSPARK_SCHEDULER_CONFIG`` names a
+  ``SchedulerConfig`` (``scheduler_bridge.py``; SGLang decides otherwise);
+* ``dspark_*`` Prometheus metrics (``metrics.py``);
+* drafter faults fall back to plain decoding for the affected step
+  (``fallback.py``).
+
+Still to plug in: our MoE + sliding-window drafter model class
+(``dspark_sglang/model/``), registered through ``ModelRegistry`` and selected
+by the draft checkpoint's ``architectures``.
 
 Why compose SGLang's DSPARK rather than re-implement it: ``DSparkWorkerV2``
 already does target prefill with hidden-state capture, draft KV injection,
@@ -37,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 ALGORITHM_NAME = "DSPARK_MOE"
 
-#: A verify policy: calibrated confidences ``[N, B]`` -> verify lengths ``[N]``.
+#: A verify policy: calibrated confidences ``[N, B]`` -> drafts to verify ``[N]``.
 VerifyPolicy = Callable[[torch.Tensor], torch.Tensor]
 
 # Methods answered exactly as the built-in DSPARK answers them. Includes the
@@ -85,14 +88,78 @@ for _name in _DELEGATED_TO_DSPARK:
 
 
 class DSparkMoeWorker(DSparkWorkerV2):
-    """SGLang's DSpark worker with our extension points (currently unused).
+    """SGLang's DSpark worker with our scheduler and metrics.
 
-    ``verify_policy`` will replace the built-in budget decision once our
-    scheduling policies land; ``None`` keeps SGLang's planner, so today this
-    worker is DSPARK.
+    * Verify lengths: when ``DSPARK_SCHEDULER_CONFIG`` names a config, our
+      policy decides them (``scheduler_bridge``: the config is validated here,
+      at start-up, and the planner is tagged so the planner hook uses it);
+      otherwise SGLang's planner decides, as in DSPARK.
+    * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
+      loader) sets the confidence head's per-position temperatures, the same
+      place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
+    * Metrics: every decode step feeds ``metrics.observe_round``.
+    * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
+      so a drafter error or non-finite output turns that step into plain
+      decoding instead of failing the batch.
     """
 
     verify_policy: VerifyPolicy | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
+
+        self._dspark_position = metrics.PositionAcceptance(int(self.gamma))
+        if getattr(self, "_proposer", None) is not None:
+            # An instance attribute on our worker's own proposer: SGLang's class is untouched.
+            self._proposer.propose = fallback.GuardedPropose(
+                self._proposer.propose, self._proposer, self._verify_planner, int(self.gamma)
+            )
+        decider = scheduler_bridge.load_decider(int(self.gamma))
+        if decider is None:
+            return
+        setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
+        self.verify_policy = decider.policy.decide
+        if decider.config.sts_path:
+            self._apply_sts(decider.config.sts_path)
+
+    def _apply_sts(self, path: str) -> None:
+        from dspark_sglang.calibration.sts import load_sts
+
+        head = getattr(self.draft_model, "confidence_head", None)
+        if head is None:
+            raise ValueError(f"sts_path={path} given but the draft has no confidence head")
+        cal = load_sts(path)
+        if cal.block_size != self.gamma:
+            raise ValueError(
+                f"sts_path={path} was fit for block size {cal.block_size}, the draft "
+                f"proposes {self.gamma}; refit STS for block_size {self.gamma}"
+            )
+        head.sts_temperatures = torch.tensor(
+            cal.temperatures, dtype=torch.float32, device=self.device
+        )
+
+    def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        from dspark_sglang.sglang_integration import fallback, metrics
+
+        try:
+            result = super()._forward_decode(batch, *args, **kwargs)
+        finally:
+            # A fallback forces "anchor only" for exactly the step it happened in.
+            setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
+        accept = getattr(result, "accept_lens", None)
+        if accept is not None and accept.numel() > 0:
+            cap = result.cap_lens
+            verify = (
+                cap
+                if cap is not None
+                else torch.full_like(accept, int(self.verify_num_draft_tokens))
+            )
+            metrics.observe_round(accept, verify, self._dspark_position)
+            decider = getattr(self._verify_planner, "dspark_moe_decider", None)
+            if decider is not None:
+                decider.log_used(result.cap_lens)
+        return result
 
 
 def _worker_factory(server_args: Any) -> type[DSparkMoeWorker]:

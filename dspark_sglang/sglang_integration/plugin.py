@@ -18,6 +18,7 @@ def install() -> None:
         return
     _installed = True
     cpu_bridges.install()
-    from dspark_sglang.sglang_integration import dspark_moe
+    from dspark_sglang.sglang_integration import dspark_moe, scheduler_bridge
 
     dspark_moe.register()
+    scheduler_bridge.install()

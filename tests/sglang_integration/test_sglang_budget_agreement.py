@@ -117,7 +117,9 @@ def test_sglang_drops_tiny_survival_but_we_keep_it() -> None:
 def test_we_cap_budget_at_max_batch_tokens_sglang_does_not() -> None:
     """A documented difference: our budget respects the table's ``max_batch_tokens``."""
     surv = torch.ones(4, 4, dtype=torch.float32)
-    table = SpsCostTable(sample_batch_tokens=(1,), sample_steps_per_sec=(10.0,), max_batch_tokens=10)
+    table = SpsCostTable(
+        sample_batch_tokens=(1,), sample_steps_per_sec=(10.0,), max_batch_tokens=10
+    )
     ours = LaggedBudgetScheduler(table, lag=1).stale_budget(surv)
     theirs = planner.compute_verify_token_budget(
         history_survival_probs=surv,

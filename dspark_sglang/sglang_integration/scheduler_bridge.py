@@ -1,0 +1,166 @@
+"""Our scheduling policy behind SGLang's per-request verify-length decision.
+
+Where SGLang decides: ``DSparkVerifyPlanner.schedule_layout`` (SGLang 0.5.23,
+``dspark_components/dspark_planner.py``) turns the draft's calibrated
+confidences ``[N, gamma]`` into per-request verify lengths through one private
+method, ``_schedule_verify_lens(..., confidence, budget) -> verify_lens [N]``
+(SGLang's top-k over survival, filled up to the lagged budget of
+``compute_verify_token_budget``). Everything around it (layout, CUDA-graph
+tiers, cap-accept/compact verify) consumes only the lengths it returns, so this
+is the smallest point where a different policy can decide without changing
+anything else SGLang does.
+
+How we override it: one ``HookRegistry`` AROUND hook on that method. It acts
+only on planners our worker tagged (:data:`DECIDER_ATTR`, set by
+``DSparkMoeWorker``); every other planner (SGLang's own DSPARK) runs the
+original code. No SGLang file is patched.
+
+Units: our policies return *drafts* per request (``0..B``); SGLang's verify
+length counts the anchor too (``1..B+1``), so ``verify_len = drafts + 1``.
+
+Config: ``DSPARK_SCHEDULER_CONFIG`` names a :class:`SchedulerConfig` YAML/JSON
+file. Unset keeps SGLang's own decision (logged once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.scheduling.cost_table import load_cost_table
+from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
+from dspark_sglang.sglang_integration import metrics
+
+logger = logging.getLogger(__name__)
+
+CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
+#: Debug/test aid: append every decision (verify lengths SGLang received) as JSON lines.
+DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
+DECIDER_ATTR = "dspark_moe_decider"
+PLANNER_METHOD = (
+    "sglang.srt.speculative.dspark_components.dspark_planner."
+    "DSparkVerifyPlanner._schedule_verify_lens"
+)
+
+
+def policy_from_config(cfg: SchedulerConfig) -> SchedulingPolicy:
+    """Build the policy a config selects (cost table loaded from its path if needed)."""
+    cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
+    kw: dict[str, Any] = {}
+    if cfg.policy == "static":
+        kw["k"] = cfg.static_k
+    elif cfg.policy in ("prefix", "lagged"):
+        kw["max_verify_tokens"] = cfg.max_verify_tokens
+        if cfg.policy == "lagged":
+            kw["lag"] = cfg.lag_steps
+    return build_policy(cfg.policy, cost, **kw)
+
+
+@dataclass
+class VerifyDecider:
+    """Our policy as SGLang's verify-length decision, with its metrics.
+
+    Invariant: returns int32 ``verify_lens [N]`` with ``1 <= verify_len <= B + 1``
+    (the anchor is always verified), as SGLang's layout requires.
+    """
+
+    config: SchedulerConfig
+    policy: SchedulingPolicy
+    decision_log: Path | None = None
+
+    def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Decide drafts per request from this step's confidences ``[N, B]``."""
+        t0 = time.perf_counter()
+        drafts = self.policy.decide(confidence.detach().float().cpu().clamp(0.0, 1.0))
+        lens = (drafts.clamp(0, confidence.shape[1]) + 1).to(torch.int32)
+        metrics.observe_decision(time.perf_counter() - t0, int(lens.sum()))
+        if self.decision_log is not None:
+            with self.decision_log.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"policy": self.policy.name, "verify_lens": lens.tolist()}))
+                f.write("\n")
+        return lens.to(device)
+
+    def log_used(self, cap_lens: torch.Tensor | None) -> None:
+        """Record the verify lengths SGLang's verify actually used (``cap_lens``)."""
+        if self.decision_log is not None:
+            used = None if cap_lens is None else cap_lens.cpu().tolist()
+            with self.decision_log.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"used_verify_lens": used}) + "\n")
+
+
+def load_decider(gamma: int, env: dict[str, str] | None = None) -> VerifyDecider | None:
+    """The decider ``DSPARK_SCHEDULER_CONFIG`` asks for, or ``None`` (SGLang decides).
+
+    Fails at start-up, naming the field and the fix, when the config does not
+    fit the running worker (block size, ragged-verify mode).
+    """
+    env = dict(os.environ) if env is None else env
+    path = env.get(CONFIG_ENV)
+    if not path:
+        logger.info("%s not set: DSPARK_MOE keeps SGLang's verify-budget decision", CONFIG_ENV)
+        return None
+    cfg = SchedulerConfig.load(path)
+    if cfg.block_size != gamma:
+        raise ValueError(
+            f"{path}: block_size={cfg.block_size} but the draft proposes gamma={gamma} "
+            f"tokens per step; set block_size: {gamma} (or use a matching draft)"
+        )
+    mode = env.get("SGLANG_RAGGED_VERIFY_MODE", "static")
+    if mode == "static":
+        raise ValueError(
+            f"{CONFIG_ENV}={path} selects per-request verify lengths, but "
+            "SGLANG_RAGGED_VERIFY_MODE is 'static' (every request verifies the whole "
+            "block, no confidences); set SGLANG_RAGGED_VERIFY_MODE=cap-accept or compact"
+        )
+    log = env.get(DECISION_LOG_ENV)
+    decider = VerifyDecider(cfg, policy_from_config(cfg), Path(log) if log else None)
+    logger.info(
+        "DSPARK_MOE: policy %s from %s (sla=%s) decides verify lengths",
+        decider.policy.name,
+        path,
+        cfg.sla_name,
+    )
+    return decider
+
+
+def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: Any) -> Any:
+    """AROUND hook on ``DSparkVerifyPlanner._schedule_verify_lens`` (see module doc).
+
+    SGLang returns ``None`` (verify the whole block) without confidences; so do we.
+    After a drafter fault (``fallback.FORCE_PLAIN_ATTR``) every request verifies
+    only its anchor, whoever decides otherwise.
+    The lengths go through SGLang's TP sync so all ranks verify the same layout.
+    """
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+
+    from dspark_sglang.sglang_integration.fallback import FORCE_PLAIN_ATTR
+
+    if getattr(planner, FORCE_PLAIN_ATTR, False):
+        # A drafter fault this step: verify the anchor only (plain decoding).
+        n = int(kw["req_pool_indices"].shape[0])
+        lens = torch.ones(n, dtype=torch.int32, device=kw["device"])
+        planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
+        return lens
+    decider: VerifyDecider | None = getattr(planner, DECIDER_ATTR, None)
+    confidence = kw.get("confidence")
+    if decider is None or confidence is None:
+        return original(planner, **kw)
+    lens = decider.verify_lens(confidence, kw["device"])
+    planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
+    return lens
+
+
+def install() -> None:
+    """Register the hook (SGLang applies hooks in every process after plugins load)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(PLANNER_METHOD, schedule_verify_lens_hook, HookType.AROUND)
