@@ -28,7 +28,23 @@ from pathlib import Path
 import msgspec
 import torch
 
-__all__ = ["RolloutRecord", "Rollouts", "load_rollouts", "save_rollouts"]
+__all__ = ["RolloutRecord", "Rollouts", "check_round_logits", "load_rollouts", "save_rollouts"]
+
+
+def check_round_logits(z: object, owner: str = "") -> tuple[int, int]:
+    """Validate raw confidence logits of ``M`` rounds x ``B`` positions; return ``(M, B)``.
+
+    Shared by calibration rollouts and the planner's acceptance traces, which
+    record the same per-round logits. ``owner`` prefixes the field in messages.
+    """
+    if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
+        raise ValueError(
+            f"{owner}confidence_logits must be a float tensor [M, B] with M, B >= 1, got "
+            f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}"
+        )
+    if not z.is_floating_point() or not bool(torch.isfinite(z).all()):
+        raise ValueError(f"{owner}confidence_logits must be finite floats")
+    return int(z.shape[0]), int(z.shape[1])
 
 
 @dataclass(frozen=True)
@@ -41,15 +57,8 @@ class Rollouts:
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        z, acc, ver = self.confidence_logits, self.accepted, self.verified
-        if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-            raise ValueError(
-                "confidence_logits must be a float tensor [M, B] with M, B >= 1, got "
-                f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}"
-            )
-        if not z.is_floating_point() or not bool(torch.isfinite(z).all()):
-            raise ValueError("confidence_logits must be finite floats")
-        m, b = z.shape
+        acc, ver = self.accepted, self.verified
+        m, b = check_round_logits(self.confidence_logits)
         if acc.dtype != torch.int64 or acc.shape != (m,):
             raise ValueError(f"accepted must be int64 [{m}], got {acc.dtype} {tuple(acc.shape)}")
         if bool(((acc < 0) | (acc > b)).any()):

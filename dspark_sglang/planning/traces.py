@@ -40,6 +40,8 @@ from statistics import NormalDist
 import msgspec
 import torch
 
+from dspark_sglang.calibration.rollouts import check_round_logits
+
 __all__ = [
     "AcceptanceTraces",
     "TraceRecord",
@@ -79,15 +81,7 @@ class AcceptanceTraces:
     accepted: torch.Tensor
 
     def __post_init__(self) -> None:
-        z = self.confidence_logits
-        if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-            raise ValueError(
-                "AcceptanceTraces.confidence_logits must be a float tensor [M, B] with M, B >= 1, "
-                f"got {tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}"
-            )
-        if not z.is_floating_point() or not bool(torch.isfinite(z).all()):
-            raise ValueError("AcceptanceTraces.confidence_logits must be finite floats")
-        m, b = z.shape
+        m, b = check_round_logits(self.confidence_logits, owner="AcceptanceTraces.")
         for name in ("request_id", "domain_index", "accepted"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.shape != (m,):
