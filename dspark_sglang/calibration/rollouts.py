@@ -24,6 +24,7 @@ import glob
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import torch
@@ -166,18 +167,30 @@ def _load_pt(path: Path) -> Rollouts:
     )
 
 
-def _load_jsonl(path: Path) -> Rollouts:
-    src = str(path)
-    decoder = msgspec.json.Decoder(RolloutRecord)
-    rows: list[RolloutRecord] = []
+_Row = TypeVar("_Row")
+
+
+def decode_jsonl(path: Path, record_type: type[_Row]) -> list[_Row]:
+    """Typed rows of a ``.jsonl`` file; errors name ``file:line`` so a bad row is easy to find.
+
+    Shared by calibration rollouts and the planner's acceptance traces.
+    """
+    decoder = msgspec.json.Decoder(record_type)
+    rows: list[_Row] = []
     with path.open("rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 rows.append(decoder.decode(line))
-            except msgspec.DecodeError as exc:
-                raise ValueError(f"{src}:{lineno}: {exc}") from exc
+            except (msgspec.DecodeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from exc
+    return rows
+
+
+def _load_jsonl(path: Path) -> Rollouts:
+    src = str(path)
+    rows = decode_jsonl(path, RolloutRecord)
     if not rows:
         raise ValueError(f"{src}: no rounds in file")
     b = len(rows[0].confidence_logits)

@@ -40,7 +40,7 @@ from statistics import NormalDist
 import msgspec
 import torch
 
-from dspark_sglang.calibration.rollouts import check_round_logits
+from dspark_sglang.calibration.rollouts import check_round_logits, decode_jsonl
 
 __all__ = [
     "AcceptanceTraces",
@@ -223,17 +223,7 @@ def load_traces(path: str | Path) -> AcceptanceTraces:
     if not p.is_file():
         raise ValueError(f"trace file {src} does not exist")
     if p.suffix == ".jsonl":
-        decoder = msgspec.json.Decoder(TraceRecord)
-        rows: list[TraceRecord] = []
-        with p.open("rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(decoder.decode(line))
-                except (msgspec.DecodeError, ValueError) as exc:
-                    raise ValueError(f"{src}:{lineno}: {exc}") from exc
-        return _from_records(rows, src)
+        return _from_records(decode_jsonl(p, TraceRecord), src)
     if p.suffix == ".pt":
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
