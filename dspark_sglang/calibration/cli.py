@@ -8,6 +8,7 @@ one command turns recorded rounds into a deployable calibration.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,8 +26,27 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="rollout files or globs: our .pt/.jsonl (confidence_logits, accepted[, verified]) "
         "or SGLang StsDataRecorder shards (logits, prefix_mask)",
     )
+    p.add_argument(
+        "--eval-rollouts",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="held-out rollouts (other prompts than --rollouts): the temperatures are scored "
+        "there, and the plot shows them; the fit's own ECE is optimistic",
+    )
     p.add_argument("--out", required=True, type=Path, help="STS calibration JSON to write")
-    p.add_argument("--plot", type=Path, default=None, help="reliability diagram PNG to write")
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="JSON with the fit and held-out figures (ECE before/after per position, AUC)",
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="reliability diagram PNG to write (on --eval-rollouts when given)",
+    )
     p.add_argument("--n-bins", type=int, default=15, help="equal-width ECE bins (default 15)")
     p.add_argument(
         "--dataset",
@@ -40,7 +60,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.calibration.rollouts import load_rollouts
-    from dspark_sglang.calibration.sts import default_grid, fit_sts
+    from dspark_sglang.calibration.sts import default_grid, evaluate_sts, fit_sts
 
     try:
         data = load_rollouts(args.rollouts)
@@ -51,23 +71,61 @@ def _run(args: argparse.Namespace) -> int:
             n_bins=args.n_bins,
             verified=data.verified,
         )
+        held = None
+        if args.eval_rollouts:
+            held_data = load_rollouts(args.eval_rollouts)
+            if held_data.block_size != data.block_size:
+                raise ValueError(
+                    f"--eval-rollouts have block size {held_data.block_size}, --rollouts "
+                    f"{data.block_size}: record both with the same drafter"
+                )
+            held = evaluate_sts(
+                held_data.confidence_logits,
+                held_data.accepted,
+                fit.temperatures,
+                n_bins=args.n_bins,
+                verified=held_data.verified,
+            )
     except ValueError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2
     dataset = args.dataset if args.dataset is not None else ",".join(args.rollouts)
     fit.to_calibration(dataset).save(args.out)
+    print("fit split:")
     print(fit.table())
+    if held is not None:
+        print("held-out split:")
+        print(held.table())
     print(f"wrote {args.out}")
+    if args.report is not None:
+        report = {
+            "sts_path": str(args.out),
+            "rollouts": list(args.rollouts),
+            "eval_rollouts": list(args.eval_rollouts or []),
+            "temperatures": list(fit.temperatures),
+            "fit": {
+                "ece_before": list(fit.ece_before),
+                "ece_after": list(fit.ece_after),
+                "auc": list(fit.auc),
+                "num_samples": fit.num_samples,
+            },
+            "held_out": None if held is None else held.to_dict(),
+        }
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.report}")
     if args.plot is not None:
         from dspark_sglang.calibration.plots import reliability_diagram
 
+        shown = held_data if held is not None else data
         reliability_diagram(
             args.plot,
-            data.confidence_logits,
-            data.accepted,
+            shown.confidence_logits,
+            shown.accepted,
             fit.temperatures,
             n_bins=args.n_bins,
-            verified=data.verified,
+            verified=shown.verified,
+            title="STS reliability (held-out)" if held is not None else "STS reliability (fit)",
         )
         print(f"wrote {args.plot}")
     return 0

@@ -40,10 +40,12 @@ import torch
 
 __all__ = [
     "StsCalibration",
+    "StsEvaluation",
     "StsFit",
     "apply_sts",
     "default_grid",
     "ece",
+    "evaluate_sts",
     "fit_sts",
     "load_sts",
     "observed_mask",
@@ -280,6 +282,17 @@ class StsFit:
         return "\n".join(lines)
 
 
+def _conditional_auc(
+    zk: torch.Tensor, acc: torch.Tensor, ver: torch.Tensor | None, k: int
+) -> tuple[float, int]:
+    """AUC of the raw logit at 0-based position ``k`` for "draft k+1 accepted",
+    among rounds whose earlier drafts all passed and that verified draft k+1."""
+    tested = acc >= k
+    if ver is not None:
+        tested &= ver >= k + 1
+    return roc_auc(zk[tested], acc[tested] >= k + 1), int(tested.sum())
+
+
 def fit_sts(
     logits: torch.Tensor,
     accepted: torch.Tensor,
@@ -338,11 +351,9 @@ def fit_sts(
         after.append(float(scores[best]))
         fit_prefix = fit_prefix * torch.sigmoid(zk / t_best)
 
-        tested = acc >= k
-        if ver is not None:
-            tested &= ver >= k + 1
-        aucs.append(roc_auc(zk[tested], acc[tested] >= k + 1))
-        tested_counts.append(int(tested.sum()))
+        auc, n_tested = _conditional_auc(zk, acc, ver, k)
+        aucs.append(auc)
+        tested_counts.append(n_tested)
 
     return StsFit(
         temperatures=tuple(temps),
@@ -350,6 +361,99 @@ def fit_sts(
         ece_after=tuple(after),
         auc=tuple(aucs),
         num_tested=tuple(tested_counts),
+        num_samples=m,
+        n_bins=n_bins,
+    )
+
+
+@dataclass(frozen=True)
+class StsEvaluation:
+    """Fitted temperatures scored on rounds they were *not* fitted on (held-out split).
+
+    Same fields as ``StsFit`` minus the temperatures: per-position survival ECE at
+    ``T = 1`` and at the given temperatures, and the conditional AUC.
+    """
+
+    ece_before: tuple[float, ...]
+    ece_after: tuple[float, ...]
+    auc: tuple[float, ...]
+    num_tested: tuple[int, ...]
+    num_samples: int
+    n_bins: int
+
+    @property
+    def mean_ece_before(self) -> float:
+        return sum(self.ece_before) / len(self.ece_before)
+
+    @property
+    def mean_ece_after(self) -> float:
+        return sum(self.ece_after) / len(self.ece_after)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ece_before": list(self.ece_before),
+            "ece_after": list(self.ece_after),
+            "mean_ece_before": self.mean_ece_before,
+            "mean_ece_after": self.mean_ece_after,
+            "auc": list(self.auc),
+            "num_tested": list(self.num_tested),
+            "num_samples": self.num_samples,
+            "n_bins": self.n_bins,
+        }
+
+    def table(self) -> str:
+        lines = [f"{'pos':>3}  {'ECE before':>10}  {'ECE after':>9}  {'AUC':>6}  {'n':>8}"]
+        for k, (eb, ea, auc, n) in enumerate(
+            zip(self.ece_before, self.ece_after, self.auc, self.num_tested, strict=True)
+        ):
+            lines.append(f"{k + 1:>3}  {eb:>10.4f}  {ea:>9.4f}  {auc:>6.4f}  {n:>8d}")
+        lines.append(
+            f"held-out mean ECE before {self.mean_ece_before:.4f}, after "
+            f"{self.mean_ece_after:.4f}; {self.num_samples} rounds"
+        )
+        return "\n".join(lines)
+
+
+def evaluate_sts(
+    logits: torch.Tensor,
+    accepted: torch.Tensor,
+    temperatures: Sequence[float] | torch.Tensor,
+    *,
+    n_bins: int = 15,
+    verified: torch.Tensor | None = None,
+) -> StsEvaluation:
+    """Score given temperatures on rounds (ideally held out from the fit).
+
+    Why separate from ``fit_sts``: the fit's own ``ece_after`` is measured on the
+    data it minimised, so it is optimistic; the deployment question is how the
+    temperatures do on rounds they never saw.
+    """
+    z, acc, ver = _check_counts(logits, accepted, verified)
+    m, b = z.shape
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    labels = survival_labels(acc, b).to(torch.float64)
+    observed = observed_mask(acc, ver, b)
+    before = survival_probs(torch.sigmoid(z))
+    after = survival_probs(apply_sts(z, torch.as_tensor(temperatures, dtype=torch.float64)))
+    eb, ea, aucs, counts = [], [], [], []
+    for k in range(b):
+        obs = observed[:, k]
+        if not bool(obs.any()):
+            raise ValueError(
+                f"position {k + 1}: no held-out round verified that many drafts; "
+                "collect verify-all rollouts"
+            )
+        eb.append(ece(before[obs, k], labels[obs, k], n_bins))
+        ea.append(ece(after[obs, k], labels[obs, k], n_bins))
+        auc, n_tested = _conditional_auc(z[:, k], acc, ver, k)
+        aucs.append(auc)
+        counts.append(n_tested)
+    return StsEvaluation(
+        ece_before=tuple(eb),
+        ece_after=tuple(ea),
+        auc=tuple(aucs),
+        num_tested=tuple(counts),
         num_samples=m,
         n_bins=n_bins,
     )

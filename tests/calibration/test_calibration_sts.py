@@ -13,6 +13,7 @@ from dspark_sglang.calibration.sts import (
     apply_sts,
     default_grid,
     ece,
+    evaluate_sts,
     fit_sts,
     load_sts,
     observed_mask,
@@ -309,3 +310,22 @@ def test_malformed_calibration_json_is_rejected(text: str, msg: str) -> None:
     with pytest.raises(ValueError) as info:
         StsCalibration.from_json(text)
     assert msg in str(info.value)
+
+
+def test_evaluate_on_fit_data_reproduces_the_fit_figures(synthetic) -> None:
+    # Scoring the fitted temperatures on the fit rounds must give back the fit's own
+    # before/after ECE and AUC: one definition of each figure, two entry points.
+    z, acc, _ = synthetic(4_000, [0.6, 1.8, 1.0], 41)
+    fit = fit_sts(z, acc)
+    ev = evaluate_sts(z, acc, fit.temperatures)
+    assert ev.ece_before == pytest.approx(fit.ece_before, abs=1e-12)
+    assert ev.ece_after == pytest.approx(fit.ece_after, abs=1e-9)
+    assert ev.auc == pytest.approx(fit.auc, abs=1e-12, nan_ok=True)
+    assert ev.num_tested == fit.num_tested
+    assert ev.mean_ece_after < ev.mean_ece_before
+
+
+def test_evaluate_rejects_wrong_temperature_count(synthetic) -> None:
+    z, acc, _ = synthetic(100, [1.0, 1.0, 1.0], 3)
+    with pytest.raises(ValueError, match="one temperature per block position"):
+        evaluate_sts(z, acc, [1.0, 1.0])
