@@ -40,6 +40,12 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data-dir", type=Path, default=None, help="override data.dir")
     p.add_argument("--out-dir", type=Path, default=None, help="override run.out_dir")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="override run.threads (torch threads; 1 per process when runs share the CPUs)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (CI logs)")
 
 
@@ -126,6 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(data={"dir": str(args.data_dir.resolve())})
     if args.out_dir is not None:
         cfg = cfg.with_overrides(run={"out_dir": str(args.out_dir.resolve())})
+    if args.threads is not None:
+        cfg = cfg.with_overrides(run={"threads": args.threads})
     progress = not args.no_progress
     t0 = time.perf_counter()
     target = load_target(cfg)
