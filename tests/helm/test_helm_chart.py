@@ -355,6 +355,25 @@ def mounted_configmap(
     raise AssertionError(f"nothing mounted at {path}")
 
 
+def profiler_configmap_name(values: dict[str, Any], hardware_group: str, tp: int) -> str:
+    """The name `dspark-sglang profile` publishes for this chart's model at this TP.
+
+    The model slug is the profiler's own derivation (``ProfileJob.slug`` from ``--model``
+    = targetPath and ``--model-slug`` = model.slug), not the chart's, so the test links
+    the two implementations instead of restating one of them.
+    """
+    from dspark_sglang.profiling.configmap import configmap_name
+    from dspark_sglang.profiling.job import ProfileJob
+    from dspark_sglang.profiling.measure import GridSpec
+
+    job = ProfileJob(
+        model=values["model"]["targetPath"],
+        model_slug=values["model"].get("slug") or None,
+        grid=GridSpec(max_tokens=8),
+    )
+    return configmap_name(hardware_group, job.slug, tp)
+
+
 @pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
 def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path) -> None:
     values = effective_values(values_file)
@@ -403,7 +422,8 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
                 got = yaml.safe_load(index[("ConfigMap", cm_name)]["data"]["sps.json"])
                 assert got == cost["inline"]
             elif "hardwareGroup" in cost:
-                assert (cm_name, key) == (f"dspark-cost-table-{cost['hardwareGroup']}", "sps.json")
+                expected = profiler_configmap_name(values, cost["hardwareGroup"], tier["tp"])
+                assert (cm_name, key) == (expected, "sps.json")
             else:
                 assert cm_name == cost["configMapName"]
             sts = tier["sts"]
@@ -453,6 +473,57 @@ def test_serving_pods_are_hardened_and_drain(values_file: Path) -> None:
                 budget = p["periodSeconds"] * p["failureThreshold"]
                 assert budget >= values["probes"]["modelLoadTimeoutSeconds"]
                 assert c["readinessProbe"]["httpGet"]["path"] in ("/health_generate", "/health")
+
+
+def mounted_cost_tables(docs: list[Manifest]) -> dict[str, str]:
+    """Tier name -> ConfigMap mounted at the cost-table path (first pod template)."""
+    out = {}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "LeaderWorkerSet"):
+            spec = pod_specs(doc)[0]
+            tier = doc["metadata"]["labels"]["dspark-sglang.io/sla-tier"]
+            out[tier] = mounted_configmap(spec, spec["containers"][0], SPS_PATH)[0]
+    return out
+
+
+def test_tp4_and_tp8_tiers_on_one_hardware_group_mount_their_own_tables() -> None:
+    """The issue: a per-hardware name made the TP-4 and TP-8 tables overwrite each other."""
+    mounted = mounted_cost_tables(render(CHART / "examples" / "large-model-35-50.yaml"))
+    assert mounted == {
+        "premium": "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
+        "standard": "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
+        "batch": "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp4",
+    }
+
+
+@pytest.mark.parametrize(
+    "overlay",
+    [{}, {"model": {"slug": "qwen3-4b-instruct-2507"}}, {"model": {"targetPath": "/m/Qwen3_4B"}}],
+    ids=["derived-slug", "explicit-slug", "derived-from-mixed-case"],
+)
+def test_profiling_rayjob_publishes_the_name_the_tiers_mount(
+    overlay: dict[str, Any], tmp_path: Path
+) -> None:
+    """Parse the chart's RayJob entrypoint with the real CLI and name its output like the
+    profiler does: a tier with hardwareGroup and tp = tpSize must mount exactly that."""
+    from dspark_sglang.cli import build_parser
+    from dspark_sglang.profiling.cli import job_from_args
+    from dspark_sglang.profiling.configmap import configmap_name
+
+    example = CHART / "examples" / "jobs-profile-calibrate.yaml"
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(deep_merge(yaml.safe_load(example.read_text()), overlay)))
+    docs = render(values_file)
+    ray = next(d for d in docs if d["kind"] == "RayJob")
+    argv = ray["spec"]["entrypoint"].split()
+    assert argv[0] == "dspark-sglang"
+    job = job_from_args(build_parser().parse_args(argv[1:]))
+    values = effective_values(values_file)
+    tier = next(t for t in tiers_of(values) if "hardwareGroup" in t["costTable"])
+    assert tier["tp"] == job.tp_size == values["profiling"]["tpSize"]
+    published = configmap_name(tier["costTable"]["hardwareGroup"], job.slug, job.tp_size)
+    assert mounted_cost_tables(docs)[tier["name"]] == published
+    assert published == profiler_configmap_name(values, tier["costTable"]["hardwareGroup"], 1)
 
 
 # --- 4. the schema (and template guards) reject bad values clearly ------------------
@@ -573,6 +644,21 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
             ]
         },
         "scheduler.staticK=9 exceeds scheduler.blockSize=7",
+    ),
+    (
+        "model slug that is not a slug",
+        {"model": {"slug": "Qwen3-8B"}},
+        "/model/slug",
+    ),
+    (
+        "no model slug to name the cost table by",
+        {"model": {"targetPath": "/models/__"}, "slaTiers": [GOOD_TIER]},
+        "model.slug is empty and model.targetPath",
+    ),
+    (
+        "derived cost-table name over 253 characters",
+        {"model": {"targetPath": "/models/" + "q" * 240}, "slaTiers": [GOOD_TIER]},
+        "over Kubernetes' 253; set a shorter model.slug",
     ),
     (
         "api key without a secret",

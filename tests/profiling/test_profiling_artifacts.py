@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from dspark_sglang.profiling.artifacts import (
     write_group,
 )
 from dspark_sglang.profiling.backend import BackendInfo
-from dspark_sglang.profiling.configmap import build_configmap, configmap_name
+from dspark_sglang.profiling.configmap import build_configmap, configmap_name, profile_id
 from dspark_sglang.profiling.hardware import HardwareFingerprint, detect_fingerprint
 from dspark_sglang.profiling.measure import GridSpec, MeasureConfig, Probe
 from dspark_sglang.scheduling.cost_table import CostTableError, load_cost_table
@@ -34,11 +35,11 @@ def _probes(scale: float, sizes=(1, 2, 4, 8, 16)) -> tuple[Probe, ...]:
     return tuple(out)
 
 
-def _node(name: str, scale: float = 1.0, hw=H200, model="m", sizes=(1, 2, 4, 8, 16)):
+def _node(name: str, scale: float = 1.0, hw=H200, model="m", sizes=(1, 2, 4, 8, 16), tp=1):
     return NodeProfile(
         node=name,
         hardware=hw,
-        backend=BackendInfo(kind="hf", model=model, dtype="float32", tp_size=1, device="cuda"),
+        backend=BackendInfo(kind="hf", model=model, dtype="float32", tp_size=tp, device="cuda"),
         grid=GridSpec(max_tokens=16),
         measure=MeasureConfig(),
         probes=_probes(scale, sizes),
@@ -130,13 +131,79 @@ def test_configmap_manifest_is_valid_kubernetes(tmp_path: Path) -> None:
     paths = write_group(tmp_path, g, plot=False)
     meta = json.loads(paths.meta.read_text())
     cm = build_configmap(g.group, paths.table.read_text(), meta, namespace="serving")
-    assert cm["metadata"]["name"] == "dspark-cost-table-cuda-nvidia-h200-8x"
+    assert cm["metadata"]["name"] == "dspark-cost-table-cuda-nvidia-h200-8x-m-tp1"
+    assert cm["metadata"]["labels"]["dspark-sglang.io/tp"] == "1"
     assert cm["data"]["sps.json"] == paths.table.read_text()
     SGLangSpsCostTable.from_json(cm["data"]["sps.json"])
     kubernetes_validate.validate(yaml.safe_load(yaml.safe_dump(cm)), "1.30.0", strict=True)
-    assert configmap_name("CPU AMD EPYC") == "dspark-cost-table-cpu-amd-epyc"
     with pytest.raises(ValueError, match="namespace"):
         build_configmap(g.group, paths.table.read_text(), meta, namespace="")
+
+
+def test_configmap_name_is_hardware_plus_the_table_file_stem(tmp_path: Path) -> None:
+    """Same identity as ``profiles/<hardware>/<model>-tp<N>.json``, by construction."""
+    assert configmap_name("CPU AMD EPYC", "SmolLM2 135M", 1) == (
+        "dspark-cost-table-cpu-amd-epyc-smollm2-135m-tp1"
+    )
+    for model, tp in (("qwen3-235b-a22b", 4), ("Qwen3 235B/A22B", 8), ("m", 16)):
+        paths = profile_paths(tmp_path, H200.slug, model, tp)
+        assert profile_id(H200.slug, model, tp) == f"{H200.slug}-{paths.table.stem}"
+        assert configmap_name(H200.slug, model, tp) == (
+            f"dspark-cost-table-{H200.slug}-{paths.table.stem}"
+        )
+
+
+def test_tp4_and_tp8_of_one_hardware_group_get_distinct_configmaps(tmp_path: Path) -> None:
+    """The issue: both used to publish dspark-cost-table-<hardware> and overwrite each other."""
+    manifests = {}
+    for tp in (4, 8):
+        g = merge_profiles([_node("a", tp=tp, model="qwen3-235b-a22b")])
+        paths = write_group(tmp_path, g, plot=False)
+        meta = json.loads(paths.meta.read_text())
+        manifests[tp] = build_configmap(g.group, paths.table.read_text(), meta)
+    names = {tp: cm["metadata"]["name"] for tp, cm in manifests.items()}
+    assert names == {
+        4: "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp4",
+        8: "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
+    }
+    assert {cm["metadata"]["labels"]["dspark-sglang.io/tp"] for cm in manifests.values()} == {
+        "4",
+        "8",
+    }
+    other_model = merge_profiles([_node("a", tp=8, model="qwen3-8b")])
+    paths = write_group(tmp_path, other_model, plot=False)
+    cm = build_configmap(
+        other_model.group, paths.table.read_text(), json.loads(paths.meta.read_text())
+    )
+    assert cm["metadata"]["name"] not in names.values()
+
+
+def test_configmap_name_rejects_what_cannot_name_a_table(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hardware group '---' has no letters"):
+        configmap_name("---", "m", 1)
+    with pytest.raises(ValueError, match="model '/' has no letters"):
+        configmap_name("h200", "/", 1)
+    for bad_tp in (0, -4, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="tp_size must be an integer >= 1"):
+            configmap_name("h200", "m", bad_tp)  # type: ignore[arg-type]
+    long_model = "m" * 240
+    with pytest.raises(ValueError, match="over Kubernetes' 253; profile with a shorter"):
+        configmap_name("h200", long_model, 1)
+    just_fits = "m" * (253 - len("dspark-cost-table-h200--tp1"))
+    assert len(configmap_name("h200", just_fits, 1)) == 253
+
+    g = merge_profiles([_node("a")])
+    paths = write_group(tmp_path, g, plot=False)
+    table, meta = paths.table.read_text(), json.loads(paths.meta.read_text())
+    for key in ("model", "tp_size"):
+        with pytest.raises(ValueError, match=f"meta has no '{key}'"):
+            build_configmap(g.group, table, {k: v for k, v in meta.items() if k != key})
+    with pytest.raises(ValueError, match="hardware_slug 'cuda-nvidia-h200-8x' does not match"):
+        build_configmap(H100.slug, table, meta)
+    with pytest.raises(
+        ValueError, match=re.escape("table_file 'm-tp1.json' does not match 'm-tp8.json'")
+    ):
+        build_configmap(g.group, table, {**meta, "tp_size": 8})
 
 
 def test_fingerprint_of_this_machine_and_bad_fingerprints() -> None:

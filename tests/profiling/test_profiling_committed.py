@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable as SGLangSpsCostTable
 from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
 
+from dspark_sglang.profiling.configmap import build_configmap, write_configmap
 from dspark_sglang.profiling.hardware import HardwareFingerprint
 from dspark_sglang.profiling.stairs import detect_stairs
 from dspark_sglang.scheduling.cost_table import load_cost_table
@@ -56,8 +58,35 @@ def test_committed_profile_is_consistent(table_path: Path) -> None:
 
     png = table_path.with_name("smollm2-135m-instruct-tp1.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    cm = yaml.safe_load(
-        table_path.with_name("smollm2-135m-instruct-tp1.configmap.yaml").read_text()
+
+
+@pytest.mark.parametrize("table_path", TABLES, ids=[p.parent.name for p in TABLES])
+def test_committed_configmap_is_what_the_code_builds(table_path: Path) -> None:
+    """The committed manifest is exactly ``build_configmap`` of the committed table + meta.
+
+    After an intended change to the ConfigMap contract, regenerate it with the code
+    (never by hand):
+        DSPARK_UPDATE_GOLDEN=1 python -m pytest tests/profiling -k committed_configmap
+    and review the diff.
+    """
+    text = table_path.read_text()
+    meta = json.loads(table_path.with_name(f"{table_path.stem}.meta.json").read_text())
+    cm_path = table_path.with_name(f"{table_path.stem}.configmap.yaml")
+    committed = yaml.safe_load(cm_path.read_text())
+    built = build_configmap(
+        table_path.parent.name, text, meta, namespace=committed["metadata"]["namespace"]
     )
-    assert cm["metadata"]["name"] == f"dspark-cost-table-{table_path.parent.name}"
-    assert cm["data"]["sps.json"] == text
+    if os.environ.get("DSPARK_UPDATE_GOLDEN") == "1":
+        write_configmap(cm_path, built)
+        committed = yaml.safe_load(cm_path.read_text())
+    assert committed == built, (
+        f"{cm_path} is stale; regenerate with DSPARK_UPDATE_GOLDEN=1 python -m pytest "
+        "tests/profiling -k committed_configmap and review the diff"
+    )
+    # The contract the Helm chart relies on, spelled out rather than re-derived.
+    assert committed["metadata"]["name"] == (
+        f"dspark-cost-table-{table_path.parent.name}-smollm2-135m-instruct-tp1"
+    )
+    assert committed["metadata"]["labels"]["dspark-sglang.io/tp"] == "1"
+    assert committed["data"]["sps.json"] == text
+    assert json.loads(committed["data"]["sps.meta.json"]) == meta

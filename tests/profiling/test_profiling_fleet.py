@@ -20,7 +20,8 @@ import pytest
 import yaml
 from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable as SGLangSpsCostTable
 
-from dspark_sglang.profiling.fleet import FleetConfig, NodeTarget, resource_targets
+from dspark_sglang.profiling.configmap import configmap_name
+from dspark_sglang.profiling.fleet import FleetConfig, NodeTarget, _write_groups, resource_targets
 from dspark_sglang.profiling.job import ProfileJob
 from dspark_sglang.profiling.measure import GridSpec
 
@@ -87,7 +88,8 @@ def test_nodes_profile_smollm2_and_tables_load_in_sglang(fleet_runs: dict[str, A
         assert per_node.lookup(8) > 0
     cm = yaml.safe_load(Path(group["configmap"]).read_text())
     assert cm["kind"] == "ConfigMap"
-    assert cm["metadata"]["name"] == f"dspark-cost-table-{group['group']}"
+    assert cm["metadata"]["name"] == configmap_name(group["group"], meta["model"], meta["tp_size"])
+    assert cm["metadata"]["name"] == f"dspark-cost-table-{group['group']}-smollm2-135m-instruct-tp1"
     assert cm["data"]["sps.json"] == table_text
 
 
@@ -141,3 +143,24 @@ def test_fleet_and_job_config_reject_bad_input(tmp_path: Path) -> None:
         ProfileJob(model="smollm2", grid=grid, backend="sglang", device="cpu")
     with pytest.raises(ValueError, match="tp_size=1 only"):
         ProfileJob(model="smollm2", grid=grid, tp_size=2)
+
+
+def test_runs_for_tp4_and_tp8_on_one_group_publish_two_configmaps(tmp_path: Path) -> None:
+    """Two profiler runs (one per TP) into one output tree keep both tables' ConfigMaps."""
+    from test_profiling_artifacts import _node  # the artifacts test's NodeProfile builder
+
+    cfg = FleetConfig(
+        job=ProfileJob(model="smollm2", grid=GridSpec(max_tokens=16)), out_dir=tmp_path, plot=False
+    )
+    outs = [
+        _write_groups({"a": _node("a", model="qwen3-235b-a22b", tp=tp)}, cfg)[0] for tp in (4, 8)
+    ]
+    assert [o.group for o in outs] == ["cuda-nvidia-h200-8x"] * 2
+    cms = [yaml.safe_load(o.configmap.read_text()) for o in outs]  # the tp4 file survived
+    assert [cm["metadata"]["name"] for cm in cms] == [
+        "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp4",
+        "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
+    ]
+    for o, cm in zip(outs, cms, strict=True):
+        assert o.configmap.name == o.table.stem + ".configmap.yaml"
+        assert cm["data"]["sps.json"] == o.table.read_text()

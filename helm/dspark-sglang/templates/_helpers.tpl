@@ -102,6 +102,10 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- if and $t.autoscaling.enabled (lt (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
 {{- fail (printf "%s: autoscaling.maxReplicas=%d < minReplicas=%d" $where (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
 {{- end -}}
+{{- $cm := include "dspark.costTableConfigMap" (dict "root" $ "t" $t) -}}
+{{- if gt (len $cm) 253 -}}
+{{- fail (printf "%s: cost-table ConfigMap name %q is %d characters, over Kubernetes' 253; set a shorter model.slug (and profile with the same --model-slug)" $where $cm (len $cm)) -}}
+{{- end -}}
 {{- $_ := set $t "nodes" $nodes -}}
 {{- $out = append $out $t -}}
 {{- end -}}
@@ -116,12 +120,32 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- define "dspark.costTablePath" -}}/etc/dspark/cost-table/sps.json{{- end -}}
 {{- define "dspark.stsPath" -}}/etc/dspark/sts/sts.json{{- end -}}
 
-{{/* args: dict "root" $ "t" $tier -> name of the ConfigMap holding sps.json */}}
+{{/*
+dspark.modelSlug: the model's name in cost-table files and ConfigMaps, as the profiler
+writes it (meta "model", `dspark-sglang profile --model-slug`). model.slug when set,
+else the last component of model.targetPath, slugified exactly as the profiler derives
+it from --model (lowercase, runs of anything but [a-z0-9] -> "-", no edge dashes).
+*/}}
+{{- define "dspark.modelSlug" -}}
+{{- $raw := default (base .Values.model.targetPath) .Values.model.slug -}}
+{{- $slug := trimAll "-" (regexReplaceAll "[^a-z0-9]+" (lower $raw) "-") -}}
+{{- if not $slug -}}
+{{- fail (printf "model.slug is empty and model.targetPath %q has no usable last component to derive it from; set model.slug to the profiled model's slug (the \"model\" field of profiles/<hardware>/<model>-tp<N>.meta.json)" .Values.model.targetPath) -}}
+{{- end -}}
+{{- $slug -}}
+{{- end -}}
+
+{{/*
+args: dict "root" $ "t" $tier -> name of the ConfigMap holding sps.json.
+hardwareGroup resolves to the profiler's dspark-cost-table-<hardware>-<model>-tp<N>
+(dspark_sglang.profiling.configmap.configmap_name): a table is only valid for the model
+and TP degree it was measured with, and the tier serves model.* at its own tp.
+*/}}
 {{- define "dspark.costTableConfigMap" -}}
 {{- $c := .t.costTable -}}
 {{- if $c.inline -}}{{ include "dspark.tierName" . }}-cost-table
 {{- else if $c.configMapName -}}{{ $c.configMapName }}
-{{- else -}}dspark-cost-table-{{ $c.hardwareGroup }}
+{{- else -}}dspark-cost-table-{{ $c.hardwareGroup }}-{{ include "dspark.modelSlug" .root }}-tp{{ int .t.tp }}
 {{- end -}}
 {{- end -}}
 
