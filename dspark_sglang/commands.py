@@ -22,4 +22,7 @@ def registry() -> dict[str, Command]:
     from dspark_sglang.training import cli as training_cli
 
     cmds.update(training_cli.COMMANDS)
+    from dspark_sglang.bench import cli as bench_cli
+
+    cmds.update(bench_cli.COMMANDS)
     return cmds

@@ -10,6 +10,7 @@ One round for the active batch (requests ``i = 1..N``, block size ``B``):
     context_i  = captured target hidden states of positions < anchor_i (last W if windowed)
     block      = drafter.forward_block(context, anchors)             one parallel pass
     proposal   = sample_block(block)      drafts y_i [B], p_d [B, V], confidence logits z_i
+               (z_i is recorded per round, raw, in GenerationResult.confidence_logits)
     c_i        = sigmoid(z_i / T)                                     STS (T = 1 without)
     l_i        = policy.decide(c)                                     0..B drafts to verify
     target     = forward([anchor_i, y_i[:l_i]]) on request i's KV cache, capturing layers
@@ -50,7 +51,11 @@ class DraftInputs:
     """What a proposer sees for the ``N`` active requests of one round.
 
     ``context_*`` are right-aligned (padding first, ``context_valid`` False);
-    ``request_ids`` index the prompts given to ``generate``.
+    ``request_ids`` index the prompts given to ``generate``. ``context_tokens``
+    holds the token id at each context position (0 where invalid) so an
+    autoregressive proposer, which embeds the tokens next to the hidden states,
+    sees them too; the generator always fills it (``None`` only for inputs built
+    by hand for a proposer that does not read tokens).
     """
 
     context_hidden: torch.Tensor  # [N, C, n*H]
@@ -59,6 +64,7 @@ class DraftInputs:
     anchor_tokens: torch.Tensor  # [N] int64
     anchor_positions: torch.Tensor  # [N] int64
     request_ids: torch.Tensor  # [N] int64
+    context_tokens: torch.Tensor | None = None  # [N, C] int64
 
 
 @runtime_checkable
@@ -130,6 +136,10 @@ class GenerationResult:
     ``i`` (empty for plain decoding). ``position_reached[k]`` counts rounds where
     draft ``k`` was verified with all earlier drafts accepted, ``position_accepted[k]``
     those where it was also accepted (conditional acceptance = accepted / reached).
+    ``confidence_logits[i]`` is float32 ``[len(rounds[i]), B]``: the drafter's raw
+    confidence logits (before STS) of every round of request ``i``, in round order,
+    so rollouts for calibration and traces for the planner can be written from a
+    run; ``None`` when the drafter has no confidence head (and for plain decoding).
     """
 
     outputs: list[list[int]]
@@ -139,6 +149,7 @@ class GenerationResult:
     wall_time_s: float
     target_forwards: int
     draft_forwards: int
+    confidence_logits: list[torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -186,6 +197,7 @@ class _Request:
     hidden_start: int
     output: list[int] = field(default_factory=list)
     rounds: list[tuple[int, int]] = field(default_factory=list)
+    confidence: list[torch.Tensor] = field(default_factory=list)  # raw logits [B] per round
     done: bool = False
 
     @property
@@ -347,7 +359,10 @@ class ReferenceGenerator:
     # ------------------------------------------------------------------ helpers
 
     def _context(self, reqs: Sequence[_Request]) -> tuple[torch.Tensor, ...]:
-        """Right-aligned ``[N, C, n*H]`` context (last W rows when windowed)."""
+        """Right-aligned context (last W rows when windowed).
+
+        Returns ``(hidden [N, C, n*H], positions [N, C], valid [N, C], tokens [N, C])``.
+        """
         window = self.proposer.sliding_window
         lens = [
             r.hidden.shape[0] if window is None else min(window, r.hidden.shape[0]) for r in reqs
@@ -357,6 +372,7 @@ class ReferenceGenerator:
         hidden = reqs[0].hidden.new_zeros((len(reqs), c, feat))
         positions = torch.zeros((len(reqs), c), dtype=torch.int64)
         valid = torch.zeros((len(reqs), c), dtype=torch.bool)
+        tokens = torch.zeros((len(reqs), c), dtype=torch.int64)
         for i, (r, n) in enumerate(zip(reqs, lens, strict=True)):
             if n == 0:
                 continue
@@ -364,7 +380,8 @@ class ReferenceGenerator:
             end = r.hidden_start + r.hidden.shape[0]
             positions[i, c - n :] = torch.arange(end - n, end)
             valid[i, c - n :] = True
-        return hidden, positions, valid
+            tokens[i, c - n :] = torch.tensor(r.tokens[end - n : end], dtype=torch.int64)
+        return hidden, positions, valid, tokens
 
     def _keep_hidden(self, req: _Request, new_rows: torch.Tensor) -> None:
         """Append committed rows; drop rows older than the window (never read again)."""
@@ -425,13 +442,15 @@ class ReferenceGenerator:
                 progress(1)
 
         cols = torch.arange(b)
+        has_confidence: bool | None = None
         while active := [r for r in reqs if not r.done]:
             n = len(active)
-            ctx_h, ctx_pos, ctx_valid = self._context(active)
+            ctx_h, ctx_pos, ctx_valid, ctx_tok = self._context(active)
             inputs = DraftInputs(
                 context_hidden=ctx_h,
                 context_positions=ctx_pos,
                 context_valid=ctx_valid,
+                context_tokens=ctx_tok,
                 anchor_tokens=torch.tensor([r.tokens[-1] for r in active], dtype=torch.int64),
                 anchor_positions=torch.tensor(
                     [r.anchor_position for r in active], dtype=torch.int64
@@ -440,6 +459,14 @@ class ReferenceGenerator:
             )
             proposal = self.proposer.propose(inputs, sp, gen)
             drafts_run += 1
+            z = proposal.confidence_logits
+            if has_confidence is None:
+                has_confidence = z is not None
+            elif has_confidence != (z is not None):
+                raise ValueError(
+                    "proposer returned confidence_logits in some rounds and None in others; "
+                    "a proposer either has a confidence head or not"
+                )
             verify_lens = self.policy.decide(self.confidence(proposal)).to(torch.int64)
             if verify_lens.shape != (n,) or bool((verify_lens < 0).any() | (verify_lens > b).any()):
                 raise ValueError(
@@ -467,6 +494,8 @@ class ReferenceGenerator:
             for i, r in enumerate(active):
                 a = int(acc[i])
                 r.rounds.append((int(verify_lens[i]), a))
+                if z is not None:
+                    r.confidence.append(z[i].detach().float().cpu())
                 anchor_pos = r.anchor_position
                 new = result.tokens[i, : a + 1].tolist()
                 emitted_total += _emit_tokens(r, new, max_new_tokens, stops)
@@ -481,6 +510,11 @@ class ReferenceGenerator:
                 progress(emitted_total)
 
         wall = time.perf_counter() - t0
+        confidence = None
+        if has_confidence:
+            confidence = [
+                torch.stack(r.confidence) if r.confidence else torch.zeros((0, b)) for r in reqs
+            ]
         return GenerationResult(
             outputs=[r.output for r in reqs],
             rounds=[r.rounds for r in reqs],
@@ -489,6 +523,7 @@ class ReferenceGenerator:
             wall_time_s=wall,
             target_forwards=forwards,
             draft_forwards=drafts_run,
+            confidence_logits=confidence,
         )
 
     def _verify(

@@ -1,0 +1,538 @@
+"""Accepted length per round of several drafters on several eval sets (paper Table 2, Figure 2).
+
+Why this shape: the paper's offline claim is a comparison of drafters at equal
+footing: temperature 1, the whole block verified every round (no scheduler, so
+the figure measures the drafter, not the policy), the bonus/correction token
+counted. Every drafter therefore runs through the same ``ReferenceGenerator``
+with the ``VerifyAll`` policy, the same prompts and the same seed.
+
+Per drafter ``d`` and domain ``D`` (requests ``i``, each with ``n_i`` rounds and
+``s_i = sum over its rounds of (accepted + 1)``):
+
+    accept_length   L = sum_i s_i / sum_i n_i          (= GenerationResult.accept_length_mean)
+    stderr          sqrt(R/(R-1) * sum_i (s_i - L n_i)^2) / sum_i n_i
+                    (ratio estimator clustered by request: rounds of one request
+                     are correlated, requests are the independent units)
+    position k      accepted_k / reached_k             (conditional acceptance)
+    macro           mean over domains of L, stderr sqrt(sum se_D^2) / |domains|
+    gain(a over b)  100 * (L_a / L_b - 1) %           (per domain and macro)
+
+Invariant: every figure in the report is a pure function of the per-round
+``accepted`` counts it stores, so a reader can recompute them from the JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from dspark_sglang.model.drafter import DSparkDrafter
+from dspark_sglang.reference.ar_proposer import ARProposer
+from dspark_sglang.reference.generator import DSparkProposer, Proposer, ReferenceGenerator
+from dspark_sglang.sampling import SamplingParams
+from dspark_sglang.scheduling.policies import VerifyAll
+from dspark_sglang.targets.hf_target import HFTarget
+from dspark_sglang.training.ar_drafter import ARDrafter
+
+__all__ = [
+    "AcceptanceReport",
+    "CellResult",
+    "DrafterCheckpoint",
+    "DrafterKind",
+    "load_eval_prompts",
+    "load_proposer",
+    "measure_acceptance",
+    "resolve_checkpoint",
+    "write_report_json",
+    "write_traces",
+]
+
+DrafterKind = Literal["dspark", "dflash", "ar"]
+DSPARK_CONFIG = "config.json"
+AR_CONFIG = "ar_config.json"
+BENCH_SAMPLING = SamplingParams(temperature=1.0)
+"""The paper's setting: temperature 1, no top-k/top-p (SamplingParams' defaults)."""
+
+Progress = Callable[[str, str, int], object]
+"""``(drafter, domain, emitted_tokens)``; called with 0 when a cell starts."""
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True)
+class DrafterCheckpoint:
+    """A drafter checkpoint folder found on disk, its kind, and a hash of its config.
+
+    ``folder`` holds ``config.json`` (DSpark/DFlash: ``save_drafter``) or
+    ``ar_config.json`` (EAGLE3-style AR: ``save_ar_drafter``). ``kind`` is
+    ``dflash`` for a DSpark-format drafter without a sequential (Markov) head.
+    """
+
+    name: str
+    kind: DrafterKind
+    folder: Path
+    config_file: Path
+    config_sha256: str
+    block_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": str(self.folder),
+            "config_file": str(self.config_file),
+            "config_sha256": self.config_sha256,
+            "block_size": self.block_size,
+        }
+
+
+def _drafter_folder(path: Path) -> Path:
+    """The folder holding the drafter config, given it, a ``step-N`` folder or a run dir."""
+    root = path / "checkpoints"
+    steps = (
+        sorted(c for c in root.glob("step-*") if (c / "drafter").is_dir()) if path.is_dir() else []
+    )
+    if steps:  # a training run's out_dir (its config.json is the run's): latest checkpoint
+        return _drafter_folder(steps[-1])
+    if (path / "drafter").is_dir():  # trainer checkpoint: step-NNNNNN/drafter/
+        return _drafter_folder(path / "drafter")
+    return path
+
+
+def resolve_checkpoint(name: str, path: str | Path) -> DrafterCheckpoint:
+    """Find and classify a drafter checkpoint without loading weights (fails fast).
+
+    ``path`` may be the drafter folder, a trainer ``step-NNNNNN`` folder or a
+    training run's ``out_dir`` (its latest checkpoint is used).
+    """
+    from dspark_sglang.model.config import DSparkConfig
+    from dspark_sglang.training.ar_drafter import ARDrafterConfig
+
+    given = Path(path).expanduser()
+    if not given.exists():
+        raise FileNotFoundError(
+            f"drafter {name!r}: {given} does not exist; pass a checkpoint folder "
+            "(runs/train/<run>/checkpoints/step-NNNNNN or its drafter/ subfolder)"
+        )
+    folder = _drafter_folder(given).resolve()
+    if (folder / AR_CONFIG).is_file():
+        cfg_file = folder / AR_CONFIG
+        raw = cfg_file.read_bytes()
+        try:
+            ar_cfg = ARDrafterConfig.from_dict(json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"drafter {name!r}: {cfg_file} is not an AR drafter config: {exc}"
+            ) from exc
+        kind: DrafterKind = "ar"
+        block = ar_cfg.block_size
+    elif (folder / DSPARK_CONFIG).is_file():
+        cfg_file = folder / DSPARK_CONFIG
+        raw = cfg_file.read_bytes()
+        try:
+            cfg = DSparkConfig.from_hf_dict(json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"drafter {name!r}: unknown drafter kind: {cfg_file} is neither a DSpark/DFlash "
+                f"drafter config (save_drafter) nor an AR one (ar_config.json): {exc}"
+            ) from exc
+        kind = "dflash" if cfg.markov_head_type == "none" else "dspark"
+        block = cfg.block_size
+    else:
+        raise ValueError(
+            f"drafter {name!r}: unknown drafter kind: {folder} has neither {DSPARK_CONFIG} "
+            f"(DSpark/DFlash, save_drafter) nor {AR_CONFIG} (EAGLE3-style AR, save_ar_drafter); "
+            "pass a checkpoint folder written by `dspark-sglang train`"
+        )
+    return DrafterCheckpoint(
+        name=name,
+        kind=kind,
+        folder=folder,
+        config_file=cfg_file,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+        block_size=block,
+    )
+
+
+def load_proposer(ckpt: DrafterCheckpoint, target: HFTarget) -> Proposer:
+    """Load the checkpoint's weights onto ``target``'s embedding/LM head as a ``Proposer``.
+
+    DSpark/DFlash checkpoints go through ``load_drafter`` (which refuses a foreign
+    target, slot convention or layer set); AR checkpoints are checked here for the
+    same target facts, since their config does not carry the target's name.
+    """
+    from dspark_sglang.model.checkpoint import load_drafter
+    from dspark_sglang.training.ar_drafter import load_ar_drafter
+
+    if ckpt.kind == "ar":
+        drafter = load_ar_drafter(ckpt.folder, target.embed_tokens, target.lm_head).eval()
+        c, spec = drafter.config, target.spec
+        if c.hidden_size != spec.hidden_size or c.vocab_size != spec.vocab_size:
+            raise ValueError(
+                f"drafter {ckpt.name!r}: AR drafter hidden_size={c.hidden_size}, vocab_size="
+                f"{c.vocab_size} but the target has {spec.hidden_size}, {spec.vocab_size}; "
+                "use a drafter trained for this target"
+            )
+        bad = [i for i in c.target_layer_ids if not 0 <= i < spec.num_layers - 1]
+        if bad:
+            raise ValueError(
+                f"drafter {ckpt.name!r}: target_layer_ids {bad} are invalid for a target with "
+                f"{spec.num_layers} layers (ids in [0, {spec.num_layers - 2}]); use a drafter "
+                "trained for this target"
+            )
+        return ARProposer(drafter)
+    dsd = load_drafter(ckpt.folder, target.spec, target.embed_tokens, target.lm_head).eval()
+    return DSparkProposer(dsd)
+
+
+# --------------------------------------------------------------------------- eval prompts
+
+
+def load_eval_prompts(
+    target: HFTarget,
+    names: Sequence[str],
+    num_prompts: int,
+    cache_dir: str | Path | None = None,
+) -> dict[str, list[list[int]]]:
+    """The first ``num_prompts`` prompts of each eval set, through the target's chat template."""
+    from dspark_sglang.data.evalsets import load_eval_set
+
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    out: dict[str, list[list[int]]] = {}
+    for name in names:
+        prompts = load_eval_set(name, cache_dir=cache_dir, limit=num_prompts)
+        out[name] = [target.encode_chat(p.chat()) for p in prompts]
+    return out
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _nan_to_none(xs: Sequence[float]) -> list[float | None]:
+    return [None if not math.isfinite(x) else float(x) for x in xs]
+
+
+def accept_length_stats(accepted: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """``(L, stderr)`` of tokens per round from per-request accepted counts (module docstring)."""
+    s = torch.tensor([sum(a + 1 for a in r) for r in accepted], dtype=torch.float64)
+    n = torch.tensor([len(r) for r in accepted], dtype=torch.float64)
+    total = float(n.sum())
+    if total == 0:
+        return float("nan"), float("nan")
+    mean = float(s.sum()) / total
+    r = len(accepted)
+    if r < 2:
+        return mean, float("nan")
+    se = math.sqrt(r / (r - 1) * float(((s - mean * n) ** 2).sum())) / total
+    return mean, se
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One drafter on one domain. ``accepted[i]``: accepted drafts per round of request ``i``.
+
+    ``confidence_logits[i]`` (``[rounds_i, B]`` raw, pre-STS) is kept in memory for
+    traces/rollouts only; ``None`` for drafters without a confidence head.
+    """
+
+    drafter: str
+    domain: str
+    block_size: int
+    accepted: tuple[tuple[int, ...], ...]
+    position_reached: tuple[int, ...]
+    position_accepted: tuple[int, ...]
+    num_tokens: int
+    wall_time_s: float
+    target_forwards: int
+    confidence_logits: tuple[torch.Tensor, ...] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        b = self.block_size
+        if len(self.position_reached) != b or len(self.position_accepted) != b:
+            raise ValueError(f"CellResult: position counts must have block_size={b} entries")
+        if any(not 0 <= a <= b for r in self.accepted for a in r):
+            raise ValueError(f"CellResult: accepted counts must lie in 0..{b}")
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def num_rounds(self) -> int:
+        return sum(len(r) for r in self.accepted)
+
+    @property
+    def accept_length(self) -> float:
+        return accept_length_stats(self.accepted)[0]
+
+    @property
+    def accept_length_stderr(self) -> float:
+        return accept_length_stats(self.accepted)[1]
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Conditional acceptance per position (NaN where never reached)."""
+        return [
+            a / r if r > 0 else float("nan")
+            for a, r in zip(self.position_accepted, self.position_reached, strict=True)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accept_length": self.accept_length,
+            "accept_length_stderr": _nan_to_none([self.accept_length_stderr])[0],
+            "num_requests": self.num_requests,
+            "num_rounds": self.num_rounds,
+            "num_tokens": self.num_tokens,
+            "wall_time_s": self.wall_time_s,
+            "target_forwards": self.target_forwards,
+            "position_acceptance": _nan_to_none(self.position_acceptance),
+            "position_reached": list(self.position_reached),
+            "position_accepted": list(self.position_accepted),
+            "accepted_per_round": [list(r) for r in self.accepted],
+        }
+
+
+@dataclass(frozen=True)
+class AcceptanceReport:
+    """All cells of one benchmark run, ``cells[drafter][domain]``, in the given orders."""
+
+    drafters: tuple[str, ...]
+    domains: tuple[str, ...]
+    cells: Mapping[str, Mapping[str, CellResult]]
+    num_prompts: int
+    max_new_tokens: int
+    seed: int
+    temperature: float = 1.0
+    policy: str = "verify_all"
+
+    def __post_init__(self) -> None:
+        for d in self.drafters:
+            missing = [x for x in self.domains if x not in self.cells.get(d, {})]
+            if missing:
+                raise ValueError(f"AcceptanceReport: drafter {d!r} has no result for {missing}")
+
+    def macro(self, drafter: str) -> tuple[float, float]:
+        """``(mean over domains of L, its stderr)`` for one drafter."""
+        cells = [self.cells[drafter][d] for d in self.domains]
+        mean = sum(c.accept_length for c in cells) / len(cells)
+        se = math.sqrt(sum(c.accept_length_stderr**2 for c in cells)) / len(cells)
+        return mean, se
+
+    def pooled_position_acceptance(self, drafter: str) -> list[float]:
+        """Conditional acceptance per position over all domains' rounds of one drafter."""
+        cells = [self.cells[drafter][d] for d in self.domains]
+        reached = [sum(c.position_reached[k] for c in cells) for k in range(cells[0].block_size)]
+        acc = [sum(c.position_accepted[k] for c in cells) for k in range(cells[0].block_size)]
+        return [a / r if r > 0 else float("nan") for a, r in zip(acc, reached, strict=True)]
+
+    def gain(self, better: str, base: str, domain: str | None = None) -> float:
+        """Relative gain of ``better`` over ``base`` in %, per domain or macro (``None``)."""
+        if domain is None:
+            a, b = self.macro(better)[0], self.macro(base)[0]
+        else:
+            a, b = self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
+        return 100.0 * (a / b - 1.0)
+
+    def gains(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``gains[a][b][domain or 'macro']`` for every ordered pair of distinct drafters."""
+        return {
+            a: {
+                b: {
+                    **{d: self.gain(a, b, d) for d in self.domains},
+                    "macro": self.gain(a, b),
+                }
+                for b in self.drafters
+                if b != a
+            }
+            for a in self.drafters
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as JSON-ready data (NaN written as null)."""
+
+        def clean(x: float) -> float | None:
+            return _nan_to_none([x])[0]
+
+        gains = self.gains()
+        return {
+            "settings": {
+                "num_prompts": self.num_prompts,
+                "max_new_tokens": self.max_new_tokens,
+                "seed": self.seed,
+                "temperature": self.temperature,
+                "policy": self.policy,
+                "bonus_token_included": True,
+            },
+            "drafters": list(self.drafters),
+            "domains": list(self.domains),
+            "results": {
+                d: {dom: self.cells[d][dom].to_dict() for dom in self.domains}
+                for d in self.drafters
+            },
+            "macro": {
+                d: {"accept_length": clean(self.macro(d)[0]), "stderr": clean(self.macro(d)[1])}
+                for d in self.drafters
+            },
+            "position_acceptance_pooled": {
+                d: _nan_to_none(self.pooled_position_acceptance(d)) for d in self.drafters
+            },
+            "gains_percent": {
+                a: {b: {k: clean(v) for k, v in row.items()} for b, row in cols.items()}
+                for a, cols in gains.items()
+            },
+        }
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _as_proposer(drafter: Proposer | DSparkDrafter | ARDrafter) -> Proposer:
+    if isinstance(drafter, DSparkDrafter):
+        return DSparkProposer(drafter)
+    if isinstance(drafter, ARDrafter):
+        return ARProposer(drafter)
+    return drafter
+
+
+def measure_acceptance(
+    target: HFTarget,
+    drafters: Mapping[str, Proposer | DSparkDrafter | ARDrafter],
+    eval_sets: Mapping[str, Sequence[Sequence[int]]],
+    num_prompts: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    *,
+    stop_token_ids: Sequence[int] | None = None,
+    progress: Progress | None = None,
+) -> AcceptanceReport:
+    """Run every drafter on the first ``num_prompts`` prompts of every eval set.
+
+    ``eval_sets`` maps a domain name to token-id prompts (already chat-encoded).
+    Temperature 1, every draft verified (``VerifyAll``), generator seed ``seed``
+    for every cell; stops at ``stop_token_ids`` (default: the target's EOS ids).
+    """
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    if not drafters:
+        raise ValueError("measure_acceptance needs at least one drafter")
+    if not eval_sets:
+        raise ValueError("measure_acceptance needs at least one eval set")
+    for dom, prompts in eval_sets.items():
+        if not prompts:
+            raise ValueError(f"eval set {dom!r} has no prompts")
+    stops = tuple(target.eos_token_ids if stop_token_ids is None else stop_token_ids)
+    cells: dict[str, dict[str, CellResult]] = {}
+    for name, drafter in drafters.items():
+        proposer = _as_proposer(drafter)
+        cells[name] = {}
+        for dom, prompts in eval_sets.items():
+            chosen = [list(p) for p in prompts[:num_prompts]]
+            gen = ReferenceGenerator(
+                target, proposer, VerifyAll(), sampling=BENCH_SAMPLING, seed=seed
+            )
+            if progress is not None:
+                progress(name, dom, 0)
+            t0 = time.perf_counter()
+            res = gen.generate(
+                chosen,
+                max_new_tokens,
+                stops,
+                progress=None if progress is None else (lambda n, a=name, d=dom: progress(a, d, n)),
+            )
+            wall = time.perf_counter() - t0
+            b = proposer.block_size
+            if any(v != b for r in res.rounds for v, _ in r):
+                raise AssertionError("VerifyAll must verify the whole block every round")
+            cells[name][dom] = CellResult(
+                drafter=name,
+                domain=dom,
+                block_size=b,
+                accepted=tuple(tuple(a for _, a in r) for r in res.rounds),
+                position_reached=tuple(int(x) for x in res.position_reached.tolist()),
+                position_accepted=tuple(int(x) for x in res.position_accepted.tolist()),
+                num_tokens=res.num_tokens,
+                wall_time_s=wall,
+                target_forwards=res.target_forwards,
+                confidence_logits=(
+                    None if res.confidence_logits is None else tuple(res.confidence_logits)
+                ),
+            )
+    return AcceptanceReport(
+        drafters=tuple(drafters),
+        domains=tuple(eval_sets),
+        cells=cells,
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        temperature=BENCH_SAMPLING.temperature,
+        policy=VerifyAll().name,
+    )
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def write_report_json(
+    path: str | Path, report: AcceptanceReport, metadata: Mapping[str, Any]
+) -> Path:
+    """``metadata`` (command settings, versions, checkpoints, date) + ``report.to_dict()``."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    body = {"benchmark": "acceptance", **dict(metadata), **report.to_dict()}
+    out.write_text(json.dumps(body, indent=2, allow_nan=False) + "\n")
+    return out
+
+
+def write_traces(report: AcceptanceReport, traces_dir: str | Path) -> list[Path]:
+    """Per drafter with a confidence head and domain: planner traces and STS rollouts.
+
+    ``DIR/<drafter>/<domain>.jsonl`` (``planning.traces`` format) and
+    ``DIR/<drafter>/rollouts_<domain>.jsonl`` (``calibration.rollouts`` format,
+    ``verified = B``). ``accepted`` is exact: every round verified all ``B`` drafts.
+    Request ids are the prompt's index in its eval set (unique per file). Cells
+    without any round (every request ended at its first token) are skipped.
+    """
+    from dspark_sglang.calibration.rollouts import Rollouts, save_rollouts
+    from dspark_sglang.planning.traces import AcceptanceTraces, save_traces
+
+    written: list[Path] = []
+    root = Path(traces_dir)
+    for name in report.drafters:
+        for dom in report.domains:
+            cell = report.cells[name][dom]
+            if cell.confidence_logits is None or cell.num_rounds == 0:
+                continue
+            z = torch.cat([t.reshape(-1, cell.block_size) for t in cell.confidence_logits]).float()
+            acc = torch.tensor([a for r in cell.accepted for a in r], dtype=torch.int64)
+            counts = torch.tensor([len(r) for r in cell.accepted], dtype=torch.int64)
+            if z.shape[0] != acc.numel():
+                raise ValueError(
+                    f"{name}/{dom}: {z.shape[0]} confidence rows for {acc.numel()} rounds"
+                )
+            rid = torch.repeat_interleave(torch.arange(cell.num_requests), counts)
+            folder = root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            traces = AcceptanceTraces(
+                request_id=rid,
+                domain_index=torch.zeros_like(rid),
+                domains=(dom,),
+                confidence_logits=z,
+                accepted=acc,
+            )
+            save_traces(traces, folder / f"{dom}.jsonl")
+            rollouts = Rollouts(z, acc, torch.full_like(acc, cell.block_size))
+            save_rollouts(folder / f"rollouts_{dom}.jsonl", rollouts)
+            written += [folder / f"{dom}.jsonl", folder / f"rollouts_{dom}.jsonl"]
+    return written
