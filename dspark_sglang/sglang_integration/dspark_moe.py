@@ -9,9 +9,10 @@ What it adds to SGLang's built-in DSPARK:
 * drafter faults fall back to plain decoding for the affected step
   (``fallback.py``).
 
-Still to plug in: our MoE + sliding-window drafter model class
-(``dspark_sglang/model/``), registered through ``ModelRegistry`` and selected
-by the draft checkpoint's ``architectures``.
+* our MoE + sliding-window drafter (``moe_draft_model.DSparkMoEDraftModel``),
+  added to SGLang's ``ModelRegistry`` when this worker is built (only in
+  processes that run DSPARK_MOE) and selected by the draft checkpoint's
+  ``architectures``; its config is checked against the target at start-up.
 
 Why compose SGLang's DSPARK rather than re-implement it: ``DSparkWorkerV2``
 already does target prefill with hidden-state capture, draft KV injection,
@@ -106,8 +107,14 @@ class DSparkMoeWorker(DSparkWorkerV2):
     verify_policy: VerifyPolicy | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from dspark_sglang.sglang_integration import moe_draft_model
+
+        # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
+        moe_draft_model.register_model_class()
         super().__init__(*args, **kwargs)
         from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
+
+        moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
 
         self._dspark_position = metrics.PositionAcceptance(int(self.gamma))
         if getattr(self, "_proposer", None) is not None:

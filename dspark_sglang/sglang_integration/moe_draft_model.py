@@ -1,0 +1,319 @@
+"""Our MoE + sliding-window DSpark drafter as an SGLang model class.
+
+Why a subclass of SGLang's dense ``DSparkDraftModel``: ``DSparkWorkerV2``
+already drives a draft through that class's interface (``forward`` over a
+``ForwardBatch``, ``write_target_hidden_kv`` for context injection,
+``project_target_hidden``, ``compute_base_logits``, the Markov and
+confidence heads, ``attach_shared_modules`` for the target's embedding and LM
+head). Our drafter (``dspark_sglang/model/``) differs from the dense class in
+exactly three places, and only those are replaced here:
+
+1. **FFN.** Each layer's MLP is our top-k routed MoE with a shared expert
+   (``model/moe.py``'s modules, so routing and expert math are the training
+   code's own; the load-balancing loss is not computed at inference).
+2. **Sliding window.** Ours is anchor-relative: every query of a block
+   anchored at ``p`` sees context positions ``[p - W, p - 1]`` plus its whole
+   block (bidirectional). SGLang's ``RadixAttention.sliding_window_size`` is
+   query-relative (key ``j`` visible iff ``q_pos - j <= window``) and, in the
+   CPU kernels, only applied to causal layers, while the DSpark block is
+   non-causal (``ENCODER_ONLY``). No ``sliding_window_size`` value means the
+   same as ours, so windowed layers compute their attention here over the
+   draft KV pool: ``W`` context rows gathered through ``req_to_token`` plus the
+   block's own keys, one masked softmax (static shapes: graph-capturable).
+   Layers of a drafter without a window use SGLang's backend unchanged.
+3. **Config and weight names.** The checkpoint ``save_drafter`` writes is read
+   as is: ``config.json`` (``model_type`` ``dspark_moe``, our ``dspark_config``)
+   through a transformers config class registered by the plugin, and
+   ``model.safetensors`` through our own strict ``load_weights`` (``q/k/v_proj``
+   -> SGLang's fused ``qkv_proj``; every other name is SGLang's already).
+
+Convention check: SGLang's default ``sample_from_anchor=True`` feeds
+``[anchor, mask x (gamma-1)]`` and reads all ``gamma`` rows, i.e. slot ``k``
+predicts ``p + k + 1`` -- our ``anchor_next`` convention with ``gamma = B``.
+A ``dflash``-convention checkpoint is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models.dflash import DFlashAttention, DFlashDecoderLayer
+from sglang.srt.models.dspark import DSparkDraftModel
+from sglang.srt.models.utils import apply_qk_norm
+
+from dspark_sglang.model.checkpoint import CheckpointError
+from dspark_sglang.model.config import HF_ARCHITECTURE, DSparkConfig
+from dspark_sglang.model.moe import MoEFFN, route
+from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
+
+logger = logging.getLogger(__name__)
+
+#: The ``architectures`` name our checkpoints carry, resolved by ``ModelRegistry``.
+ARCHITECTURE = HF_ARCHITECTURE
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _sglang_fields(config: DSparkConfig) -> dict[str, Any]:
+    """Top-level attributes SGLang's dense DSpark/DFlash classes read from the HF config."""
+    return {
+        "markov_rank": config.markov_rank,
+        "markov_head_type": config.markov_head_type,
+        "enable_confidence_head": config.enable_confidence_head,
+        "confidence_head_with_markov": config.confidence_head_with_markov,
+        "sample_from_anchor": True,
+        "block_size": config.block_size,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        # Windowing is ours (see the module docstring); SGLang's layers stay full.
+        "layer_types": None,
+    }
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def windowed_block_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    *,
+    key_buffer: torch.Tensor,
+    value_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    window: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scaling: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Anchor-relative sliding-window attention of ``bs`` uniform blocks.
+
+    Request ``b`` owns query rows ``b*Q .. b*Q+Q-1`` (``q`` ``[bs*Q, H*D]``,
+    already normed and rotated); its anchor sits at position ``p_b =
+    prefix_lens[b]``. Keys: the context rows of positions ``p_b - W .. p_b - 1``
+    (those ``>= 0``) read from the pool via ``req_to_token`` (stored normed and
+    rotated by context injection), then the block's own ``k_block``/``v_block``.
+
+    Invariant: every query of block ``b`` attends exactly to
+    ``{t : max(0, p_b - W) <= t < p_b} U block_b`` -- ``attention.py``'s mask.
+    """
+    bs = prefix_lens.shape[0]
+    q_len = q.shape[0] // bs
+    device = q.device
+    offsets = torch.arange(window, device=device)
+    ctx_pos = prefix_lens.long()[:, None] - window + offsets  # [bs, W]
+    valid = ctx_pos >= 0
+    locs = req_to_token[req_pool_indices.long()[:, None], ctx_pos.clamp(min=0)].long()
+    k_ctx = key_buffer[locs].to(q.dtype).view(bs, window, num_kv_heads, head_dim)
+    v_ctx = value_buffer[locs].to(q.dtype).view(bs, window, num_kv_heads, head_dim)
+    if k_scale != 1.0:
+        k_ctx = k_ctx * k_scale
+    if v_scale != 1.0:
+        v_ctx = v_ctx * v_scale
+    k_all = torch.cat([k_ctx, k_block.view(bs, q_len, num_kv_heads, head_dim)], dim=1)
+    v_all = torch.cat([v_ctx, v_block.view(bs, q_len, num_kv_heads, head_dim)], dim=1)
+    mask = torch.cat([valid, valid.new_ones(bs, q_len)], dim=1)  # [bs, W + Q]
+    qh = q.view(bs, q_len, num_heads, head_dim).transpose(1, 2)
+    kh, vh = k_all.transpose(1, 2), v_all.transpose(1, 2)
+    groups = num_heads // num_kv_heads
+    if groups > 1:
+        kh = kh.repeat_interleave(groups, dim=1)
+        vh = vh.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scaling
+    )
+    return out.transpose(1, 2).reshape(bs * q_len, num_heads * head_dim)
+
+
+class DSparkWindowedAttention(DFlashAttention):
+    """SGLang's draft attention with our anchor-relative window (when the drafter has one)."""
+
+    dspark_window: int | None = None
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        if self.dspark_window is None or hidden_states.shape[0] == 0:
+            return super().forward(positions, hidden_states, forward_batch)
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = apply_qk_norm(q, k, self.q_norm, self.k_norm, self.head_dim, allow_inplace=False)
+        q, k = self.rotary_emb(positions, q, k)
+        pool = get_token_to_kv_pool()
+        layer_id = self.attn.layer_id
+        out = windowed_block_attention(
+            q,
+            k,
+            v,
+            key_buffer=pool.get_key_buffer(layer_id),
+            value_buffer=pool.get_value_buffer(layer_id),
+            req_to_token=get_req_to_token_pool().req_to_token,
+            req_pool_indices=forward_batch.req_pool_indices,
+            prefix_lens=forward_batch.seq_lens,
+            window=self.dspark_window,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            scaling=self.scaling,
+            k_scale=float(self.attn.k_scale_float or 1.0),
+            v_scale=float(self.attn.v_scale_float or 1.0),
+        )
+        output, _ = self.o_proj(out)
+        return output
+
+
+class DSparkInferenceMoE(MoEFFN):
+    """``model/moe.py``'s MoE FFN returning only ``y`` (SGLang's MLP interface)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        weights, experts, _ = route(self.gate(tokens), self.top_k)
+        y = self.experts(tokens, experts, weights)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(tokens)
+        return y.reshape(shape)
+
+
+class DSparkMoEDecoderLayer(DFlashDecoderLayer):
+    attention_cls = DSparkWindowedAttention
+
+
+# --------------------------------------------------------------------------- model
+
+
+class DSparkMoEDraftModel(DSparkDraftModel):
+    """SGLang draft class for checkpoints written by ``save_drafter`` (``DSparkMoEDraftModel``)."""
+
+    decoder_layer_cls = DSparkMoEDecoderLayer
+    # The fused context-KV kernels assume SGLang's dense layout; keep the plain path.
+    supports_fused_context_kv = False
+
+    def __init__(self, config: Any, quant_config: Any = None, prefix: str = "") -> None:
+        if quant_config is not None:
+            raise CheckpointError(
+                "DSparkMoEDraftModel does not support quantized drafts; load it unquantized"
+            )
+        dspark = dspark_config_of(config)
+        for key, value in _sglang_fields(dspark).items():
+            setattr(config, key, value)
+        super().__init__(config=config, quant_config=None, prefix=prefix)
+        self.dspark_config = dspark
+        for layer in self.layers:
+            layer.self_attn.dspark_window = dspark.sliding_window
+            if dspark.ffn_type == "moe":
+                layer.mlp = DSparkInferenceMoE(
+                    dspark.hidden_size,
+                    dspark.num_experts,
+                    dspark.num_experts_per_tok,
+                    dspark.moe_intermediate_size,
+                    dspark.shared_expert_intermediate_size if dspark.shared_expert else None,
+                )
+        if not dspark.enable_confidence_head:
+            # SGLang builds a head in non-static ragged modes whatever the flag says.
+            self.confidence_head = None
+
+    def _fused_kv_write_bundle(self, pool: Any) -> None:
+        """Never fuse: the fused write is a bf16 kernel tuned for SGLang's dense drafts."""
+        del pool
+        return None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Strict load of ``save_drafter``'s tensors (names are ours; see the module docstring).
+
+        Every checkpoint tensor must land on a parameter of the same shape and
+        every parameter must be loaded; non-finite weights are refused.
+        """
+        params = dict(self.named_parameters())
+        fused = {
+            "q_proj": ("qkv_proj", "q"),
+            "k_proj": ("qkv_proj", "k"),
+            "v_proj": ("qkv_proj", "v"),
+        }
+        if self.dspark_config.ffn_type == "dense":
+            fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise CheckpointError(
+                    f"draft tensor {name!r} has non-finite values (NaN/inf); the training "
+                    "run diverged, use an earlier checkpoint"
+                )
+            if name.startswith("confidence_head.") and self.confidence_head is None:
+                continue  # SGLang's static ragged mode builds no confidence head
+            parts = name.split(".")
+            target, shard = name, None
+            if len(parts) >= 3 and parts[-2] in fused and not name.startswith("markov_head."):
+                fused_name, shard = fused[parts[-2]]
+                target = ".".join([*parts[:-2], fused_name, parts[-1]])
+            param = params.get(target)
+            if param is None:
+                unexpected.append(name)
+                continue
+            if shard is None:
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise CheckpointError(
+                        f"draft tensor {name!r} has shape {tuple(tensor.shape)}, the model built "
+                        f"from config.json needs {tuple(param.shape)}; the weights do not match "
+                        "config.json (re-save the drafter)"
+                    )
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
+            loaded.add(target)
+        if unexpected:
+            raise CheckpointError(
+                f"draft checkpoint has tensors {sorted(unexpected)} that DSparkMoEDraftModel "
+                "does not have; the weights do not match config.json (re-save the drafter)"
+            )
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise CheckpointError(
+                f"draft checkpoint is missing tensors for {missing}; the weights do not match "
+                "config.json (re-save the drafter)"
+            )
+
+
+def register_model_class() -> None:
+    """Add ``DSparkMoEDraftModel`` to SGLang's ``ModelRegistry`` (idempotent).
+
+    ``ModelRegistry.register(package)`` imports every module of a package of
+    model files; we have one class, so it is put into the registry's
+    architecture table directly, which is what ``resolve_model_cls`` reads.
+    """
+    from sglang.srt.models.registry import ModelRegistry
+
+    existing = ModelRegistry.models.get(ARCHITECTURE)
+    if existing is None:
+        ModelRegistry.models[ARCHITECTURE] = DSparkMoEDraftModel
+        logger.info("dspark_sglang: registered draft model class %s", ARCHITECTURE)
+    elif existing is not DSparkMoEDraftModel:
+        raise RuntimeError(
+            f"SGLang's ModelRegistry already maps {ARCHITECTURE} to {existing!r}; "
+            "two plugins define the same architecture"
+        )
+
+
+def check_loaded_draft(draft_model: Any, target_worker: Any, gamma: int) -> None:
+    """Start-up gate for our drafter beside the target SGLang loaded (no-op for other drafts)."""
+    if not isinstance(draft_model, DSparkMoEDraftModel):
+        return
+    target_hf = target_worker.model_runner.model_config.hf_text_config
+    check_against_target(draft_model.dspark_config, target_hf, gamma)
+
+
+EntryClass = [DSparkMoEDraftModel]
