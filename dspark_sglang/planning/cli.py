@@ -178,8 +178,8 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hardware-group",
         default=None,
-        help="reference the profiler's ConfigMap dspark-cost-table-<group> instead "
-        "of embedding the table",
+        help="reference the profiler's ConfigMap dspark-cost-table-<group>-<model>-tp<N> "
+        "instead of embedding the table (model and TP come from the profile's .meta.json)",
     )
     p.add_argument(
         "--cost-table-configmap",
@@ -191,6 +191,29 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
         default="dspark-sts",
         help="STS ConfigMap to reference when --sts is not given (default dspark-sts)",
     )
+
+
+def _profile_identity(profile: Path) -> tuple[int, str | None]:
+    """``(tp_size, model)`` from the profiler's ``<table>.meta.json`` beside the table.
+
+    Why: a tier must run at the TP its cost table was measured at, and the chart finds
+    the profiler's ConfigMap by model and TP. A table without metadata (hand-made)
+    plans as TP 1 with no model slug.
+    """
+    meta_path = profile.with_name(profile.stem + ".meta.json")
+    if not meta_path.is_file():
+        return 1, None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{meta_path}: not valid JSON ({exc}); re-run `dspark-sglang profile`"
+        ) from exc
+    tp = meta.get("tp_size", 1)
+    if not (isinstance(tp, int) and tp >= 1):
+        raise ValueError(f"{meta_path}: tp_size must be an int >= 1, got {tp!r}")
+    model = meta.get("model")
+    return tp, str(model) if model else None
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -223,6 +246,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         tiers = planner.plan(slas)
+        tp_size, model_slug = _profile_identity(Path(args.profile))
         doc = values_document(
             tiers,
             table,
@@ -230,6 +254,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             cost_table_configmap=args.cost_table_configmap,
             sts=sts,
             sts_configmap=args.sts_configmap,
+            tp_size=tp_size,
+            model_slug=model_slug,
         )
     except (PlanError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -222,14 +222,22 @@ def values_document(
     cost_table_configmap: str | None = None,
     sts: StsCalibration | None = None,
     sts_configmap: str = "dspark-sts",
+    tp_size: int = 1,
+    model_slug: str | None = None,
 ) -> dict[str, Any]:
     """``{"slaTiers": [...]}`` for the chart, one tier per planned SLA.
+
+    ``tp_size``/``model_slug`` are the profiled table's (its ``.meta.json``): the chart
+    names the profiler's ConfigMap ``<hardwareGroup>-<model.slug>-tp<tp>``, so a tier
+    must carry the TP its table was measured at, and ``model.slug`` the profiled model.
 
     The cost table is referenced by the profiler's hardware group or a ConfigMap when
     given, else embedded inline (the chart's inline form is the staircase
     ``SpsCostTable`` only). STS temperatures are embedded when given, else the
     calibration job's ConfigMap ``sts_configmap`` is referenced.
     """
+    if not (isinstance(tp_size, int) and tp_size >= 1):
+        raise PlanError(f"tp_size must be an int >= 1 (the profiled TP degree), got {tp_size!r}")
     if hardware_group and cost_table_configmap:
         raise PlanError("give either a hardware group or a cost-table ConfigMap, not both")
     if hardware_group:
@@ -260,14 +268,17 @@ def values_document(
             {
                 "name": tier_name(t.sla),
                 "minTokensPerSecPerUser": t.sla,
-                "tp": 1,
-                "gpusPerPod": 1,
+                "tp": tp_size,
+                "gpusPerPod": tp_size,
                 "scheduler": t.scheduler_values(),
                 "costTable": ct,
                 "sts": st,
             }
         )
-    return {"slaTiers": out}
+    doc: dict[str, Any] = {"slaTiers": out}
+    if model_slug:
+        doc["model"] = {"slug": model_slug}
+    return doc
 
 
 def values_yaml(doc: dict[str, Any], tiers: Sequence[PlannedTier], source: str = "") -> str:

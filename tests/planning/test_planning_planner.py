@@ -118,3 +118,52 @@ def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
         assert cfg.max_running_requests == s["maxRunningRequests"]
         assert cfg.max_verify_tokens == s["maxVerifyTokens"]
         assert cfg.min_tokens_per_sec_per_user == tier["minTokensPerSecPerUser"]
+
+
+@pytest.mark.helm
+def test_plan_from_committed_profile_mounts_the_profilers_configmap(tmp_path: Path) -> None:
+    # The committed CPU profile carries its model and TP in .meta.json; a tier planned
+    # from it must mount exactly the ConfigMap the profiler published for that table.
+    from dspark_sglang.profiling.configmap import configmap_name
+
+    helm = _helm()
+    if helm is None:
+        pytest.fail("helm not installed: run `bash scripts/setup.sh` (scripts/install_helm.sh)")
+    hw = "cpu-amd-epyc-avx2-2c"
+    profile = ROOT / "profiles" / hw / "smollm2-135m-instruct-tp1.json"
+    out = tmp_path / "values-planned.yaml"
+    rc = main(
+        ["plan", "--profile", str(profile), "--traces", "synthetic", "--sla", "8",
+         "--policies", "lagged,mtp1", "--max-concurrency", "16", "--hardware-group", hw,
+         "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    values = yaml.safe_load(out.read_text())
+    assert values["model"] == {"slug": "smollm2-135m-instruct"}
+    assert [t["tp"] for t in values["slaTiers"]] == [1]
+    proc = subprocess.run(
+        [str(helm), "template", "dspark", str(CHART), "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    mounted = {
+        v["configMap"]["name"]
+        for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] in ("Deployment", "LeaderWorkerSet")
+        for v in _volumes(d)
+        if "configMap" in v
+    }
+    committed = yaml.safe_load(
+        (ROOT / "profiles" / hw / "smollm2-135m-instruct-tp1.configmap.yaml").read_text()
+    )
+    assert committed["metadata"]["name"] == configmap_name(hw, "smollm2-135m-instruct", 1)
+    assert committed["metadata"]["name"] in mounted
+
+
+def _volumes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc["spec"]
+    if doc["kind"] == "LeaderWorkerSet":
+        spec = spec["leaderWorkerTemplate"]["workerTemplate"]
+    else:
+        spec = spec["template"]
+    return spec["spec"].get("volumes", [])
