@@ -201,15 +201,26 @@ def load_eval_prompts(
     names: Sequence[str],
     num_prompts: int,
     cache_dir: str | Path | None = None,
+    skip: int = 0,
 ) -> dict[str, list[list[int]]]:
-    """The first ``num_prompts`` prompts of each eval set, through the target's chat template."""
+    """Prompts ``skip .. skip + num_prompts - 1`` of each eval set, through the chat template.
+
+    ``skip`` gives a split disjoint from another run's (e.g. STS is fitted on prompts
+    the acceptance run never decoded, then scored on the acceptance run's rounds).
+    """
     from dspark_sglang.data.evalsets import load_eval_set
 
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
     out: dict[str, list[list[int]]] = {}
     for name in names:
-        prompts = load_eval_set(name, cache_dir=cache_dir, limit=num_prompts)
+        prompts = load_eval_set(name, cache_dir=cache_dir, limit=skip + num_prompts)[skip:]
+        if not prompts:
+            raise ValueError(
+                f"eval set {name!r} has no prompts after skipping {skip}; lower --skip-prompts"
+            )
         out[name] = [target.encode_chat(p.chat()) for p in prompts]
     return out
 

@@ -99,6 +99,13 @@ def _add_acceptance_arguments(a: argparse.ArgumentParser) -> None:
         help="a drafter to compare (repeat; the first is compared against the others); required",
     )
     a.add_argument("--num-prompts", type=int, default=16, help="first N prompts of each set")
+    a.add_argument(
+        "--skip-prompts",
+        type=int,
+        default=0,
+        help="start after the first S prompts of each set (a split disjoint from another "
+        "run's, e.g. STS rollouts to fit on)",
+    )
     a.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
     a.add_argument(
         "--eval-sets",
@@ -167,6 +174,8 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[st
     specs = parse_drafter_specs(getattr(args, "drafter", []))
     if args.num_prompts < 1:
         raise BenchUsageError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.skip_prompts < 0:
+        raise BenchUsageError(f"--skip-prompts must be >= 0, got {args.skip_prompts}")
     if args.max_new_tokens < 1:
         raise BenchUsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads < 1:
@@ -281,7 +290,7 @@ def _run_acceptance(args: argparse.Namespace) -> int:
         with console.status("loading target and drafters"):
             target = _load_target(args.target, args.threads)
             proposers = {c.name: load_proposer(c, target) for c in ckpts}
-            prompts = load_eval_prompts(target, sets, args.num_prompts)
+            prompts = load_eval_prompts(target, sets, args.num_prompts, skip=args.skip_prompts)
     except (BenchUsageError, CheckpointError) as exc:
         print(f"bench acceptance: error: {exc}", file=sys.stderr)
         return 2
@@ -338,6 +347,7 @@ def _run_acceptance(args: argparse.Namespace) -> int:
         "command": {
             "drafters": {name: str(path) for name, path in specs},
             "num_prompts": args.num_prompts,
+            "skip_prompts": args.skip_prompts,
             "max_new_tokens": args.max_new_tokens,
             "eval_sets": sets,
             "target": args.target,

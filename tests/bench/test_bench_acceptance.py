@@ -262,6 +262,9 @@ def test_cell_equals_an_independent_generator_run(
             assert cell.accept_length == pytest.approx(res.accept_length_mean)
             assert cell.num_tokens == res.num_tokens
             assert cell.num_rounds > 0
+    # A skipped split continues where the first one stopped (disjoint STS fit/eval splits).
+    later = load_eval_prompts(target, ["gsm8k"], 1, cache_dir=cache_dir, skip=1)
+    assert later["gsm8k"] == prompts["gsm8k"][1:2]
     assert rep.cells["ar"]["gsm8k"].confidence_logits is None
     z = rep.cells["dspark"]["gsm8k"].confidence_logits
     assert z is not None and sum(t.shape[0] for t in z) == rep.cells["dspark"]["gsm8k"].num_rounds
@@ -359,6 +362,7 @@ def test_cli_errors_name_the_flag(
         (["--drafter", f"x={tmp_path / 'missing'}"], "does not exist"),
         (["--drafter", ar, "--drafter", ar], "given twice"),
         (["--drafter", ar, "--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--drafter", ar, "--skip-prompts", "-1"], "--skip-prompts must be >= 0"),
         (["--drafter", ar, "--eval-sets", "gsm8k,nope"], "--eval-sets"),
         (["--drafter", f"x={checkpoints['dspark'].parent}"], "unknown drafter kind"),
         (["--drafter", f"x={checkpoints['ar']}", "--target", str(tmp_path / "t")], "--target"),
