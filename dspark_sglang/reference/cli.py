@@ -1,11 +1,16 @@
-"""``dspark-sglang demo`` and ``dspark-sglang generate``: the reference generator, by hand.
+"""``dspark-sglang demo`` and ``dspark-sglang generate``: the product and the reference, by hand.
 
-``demo`` is the first thing a new user runs: it fetches/converts SmolLM2-135M,
-builds the default drafter, decodes a few GSM8K-style chat prompts with plain
-target decoding and with the reference speculative generator side by side, and
-prints tokens, speed, acceptance and (at temperature 0) whether the outputs are
-token-identical, which is the lossless property in one glance.
-``generate`` decodes one prompt with a chosen drafter, policy and sampling.
+``demo`` is the first thing a new user runs. It fetches/converts SmolLM2-135M,
+takes the default drafter and decodes a few GSM8K-style chat prompts with
+plain decoding and with DSpark speculative decoding side by side, printing
+tokens, speed, acceptance and (at temperature 0) whether the outputs are
+token-identical, which is the lossless property in one glance. By default
+(``--engine sglang``) both runs are SGLang's real engine on CPU, the second
+with our drafter behind ``--speculative-algorithm DSPARK_MOE``
+(``sglang_integration/demo.py``); ``--engine reference`` runs the pure-PyTorch
+reference generator instead (the CPU oracle, with position-wise acceptance).
+``generate`` decodes one prompt with the reference generator and a chosen
+drafter, policy and sampling.
 
 Until a trained drafter checkpoint ships in ``dspark_sglang/assets/drafters``,
 the default drafter is an *untrained*, seeded one: its drafts are essentially
@@ -22,7 +27,7 @@ from typing import Any
 
 from dspark_sglang.cli import Command
 
-__all__ = ["COMMANDS", "DEFAULT_DRAFTER_DIR", "DEMO_PROMPTS"]
+__all__ = ["COMMANDS", "DEFAULT_DRAFTER_DIR", "DEMO_PROMPTS", "demo_chats", "ensure_target_path"]
 
 DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2"
 """Where the committed, trained SmolLM2 drafter checkpoint will live."""
@@ -45,9 +50,8 @@ def _repo_script(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _ensure_target(console: Any, threads: int) -> Any:
-    """Fetch (if needed) and convert SmolLM2, then load it as an ``HFTarget``."""
-    from dspark_sglang.targets.hf_target import HFTarget
+def ensure_target_path(console: Any) -> Path:
+    """Fetch (if needed) and convert SmolLM2; returns its HF model folder."""
     from dspark_sglang.targets.smollm2 import converted_dir, ensure_smollm2, gguf_path, is_converted
 
     if not is_converted(converted_dir()):
@@ -66,11 +70,17 @@ def _ensure_target(console: Any, threads: int) -> Any:
         with console.status(
             "converting SmolLM2-135M-Instruct GGUF -> float32 HF folder (once, ~40 s)"
         ):
-            path = ensure_smollm2()
-    else:
-        path = ensure_smollm2()
+            return ensure_smollm2()
+    return ensure_smollm2()
+
+
+def _ensure_target(console: Any, threads: int | None) -> Any:
+    """Fetch (if needed) and convert SmolLM2, then load it as an ``HFTarget``."""
+    from dspark_sglang.targets.hf_target import HFTarget
+
+    path = ensure_target_path(console)
     with console.status(f"loading target from {path}"):
-        return HFTarget(path, num_threads=threads)
+        return HFTarget(path, num_threads=threads if threads is not None else 2)
 
 
 def _build_drafter(
@@ -104,14 +114,15 @@ def _build_policy(args: argparse.Namespace) -> Any:
     from dspark_sglang.scheduling import load_cost_table
     from dspark_sglang.scheduling.policies import build_policy
 
+    name = args.policy or "verify_all"
     cost = load_cost_table(args.cost_table) if args.cost_table is not None else None
-    if args.policy in ("prefix", "lagged") and cost is None:
+    if name in ("prefix", "lagged") and cost is None:
         raise ValueError(
-            f"policy {args.policy!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
+            f"policy {name!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
             "`dspark-sglang profile`)"
         )
-    kwargs: dict[str, Any] = {"k": args.static_k} if args.policy == "static" else {}
-    return build_policy(args.policy, cost, **kwargs)
+    kwargs: dict[str, Any] = {"k": args.static_k} if name == "static" else {}
+    return build_policy(name, cost, **kwargs)
 
 
 def _sts(args: argparse.Namespace) -> Any:
@@ -124,7 +135,13 @@ def _sts(args: argparse.Namespace) -> Any:
 
 def _common_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
     p.add_argument("--drafter", type=Path, default=None, help="drafter checkpoint folder")
-    p.add_argument("--policy", choices=_POLICIES, default="verify_all", help="scheduling policy")
+    p.add_argument(
+        "--policy",
+        choices=_POLICIES,
+        default=None,
+        help="scheduling policy (reference default: verify_all; SGLang engine default: "
+        "SGLang's own decision)",
+    )
     p.add_argument("--static-k", type=int, default=3, help="drafts verified by --policy static")
     p.add_argument("--cost-table", type=Path, default=None, help="SPS cost table JSON")
     p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON")
@@ -133,7 +150,13 @@ def _common_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> Non
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     p.add_argument("--seed", type=int, default=0, help="sampling and untrained-drafter seed")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads: torch threads of the reference (default 2), OpenMP threads per "
+        "SGLang scheduler process (default 1: faster on a shared 2-core machine)",
+    )
 
 
 def _fmt(x: float, digits: int = 2) -> str:
@@ -238,11 +261,19 @@ def _report(console: Any, plain: Any, spec: Any, greedy: bool, policy_name: str)
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "reference"),
+        default="sglang",
+        help="sglang: SGLang's engine on CPU, plain vs --speculative-algorithm DSPARK_MOE "
+        "(default); reference: the pure-PyTorch reference generator",
+    )
     _common_arguments(p, max_new_tokens=48)
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
 
 
-def _demo_prompts(n: int) -> list[list[dict[str, str]]]:
+def demo_chats(n: int) -> list[list[dict[str, str]]]:
+    """``n`` GSM8K test chats (the built-in questions if the test file is not fetched)."""
     from dspark_sglang.data.evalsets import GSM8K_INSTRUCTION, load_gsm8k_test
 
     try:
@@ -255,10 +286,18 @@ def _demo_prompts(n: int) -> list[list[dict[str, str]]]:
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    console = Console()
+    if args.engine == "sglang":
+        from dspark_sglang.sglang_integration.demo import run_sglang_demo
+
+        return run_sglang_demo(args, ensure_target_path, DEFAULT_DRAFTER_DIR, console)
+    return _reference_demo(args, console)
+
+
+def _reference_demo(args: argparse.Namespace, console: Any) -> int:
     from dspark_sglang.reference.generator import ReferenceGenerator
     from dspark_sglang.sampling import SamplingParams
 
-    console = Console()
     try:
         if args.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
@@ -269,7 +308,7 @@ def _demo(args: argparse.Namespace) -> int:
         gen = ReferenceGenerator(
             target, drafter, policy, sts_temperatures=_sts(args), sampling=sampling, seed=args.seed
         )
-        chats = _demo_prompts(args.num_prompts)
+        chats = demo_chats(args.num_prompts)
     except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
         return 2
@@ -342,8 +381,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Command] = {
     "demo": (
-        "Run SmolLM2-135M with plain and DSpark speculative decoding side by side "
-        "(fetches and converts the model on first use).",
+        "Run SmolLM2-135M in SGLang's engine on CPU with plain and DSpark speculative "
+        "decoding (DSPARK_MOE) side by side (fetches and converts the model on first use).",
         _demo_arguments,
         _demo,
     ),

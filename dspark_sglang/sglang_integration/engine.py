@@ -78,6 +78,13 @@ def _kill_leftovers(children: list[psutil.Process]) -> None:
     psutil.wait_procs(still, timeout=10)
 
 
+def _resource_tracker_pids() -> set[int]:
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if isinstance(pid, int) else set()
+
+
 @contextlib.contextmanager
 def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
     """Start ``sglang.Engine`` on CPU; always shut it down and reap its processes.
@@ -101,7 +108,10 @@ def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
         engine = sglang.Engine(**spec.server_kwargs())
         yield engine
     finally:
-        spawned = [p for p in me.children(recursive=True) if p.pid not in before]
+        # Python's multiprocessing resource tracker is started on first use and
+        # serves this process until exit; killing it makes it complain at exit.
+        keep = before | _resource_tracker_pids()
+        spawned = [p for p in me.children(recursive=True) if p.pid not in keep]
         try:
             if engine is not None:
                 engine.shutdown()

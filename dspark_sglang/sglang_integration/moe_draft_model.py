@@ -9,8 +9,12 @@ head). Our drafter (``dspark_sglang/model/``) differs from the dense class in
 exactly three places, and only those are replaced here:
 
 1. **FFN.** Each layer's MLP is our top-k routed MoE with a shared expert
-   (``model/moe.py``'s modules, so routing and expert math are the training
-   code's own; the load-balancing loss is not computed at inference).
+   (``model/moe.py``'s modules and router, so parameters, routing and expert
+   math are the training code's own; the load-balancing loss is not computed
+   at inference). The routed experts are evaluated densely over all tokens
+   (``dense_expert_mix``), not grouped per expert as in training: grouping
+   needs a host sync and data-dependent shapes, which CUDA graphs cannot hold.
+   The whole draft forward is free of host syncs (tested).
 2. **Sliding window.** Ours is anchor-relative: every query of a block
    anchored at ``p`` sees context positions ``[p - W, p - 1]`` plus its whole
    block (bidirectional). SGLang's ``RadixAttention.sliding_window_size`` is
@@ -130,8 +134,12 @@ def windowed_block_attention(
     kh, vh = k_all.transpose(1, 2), v_all.transpose(1, 2)
     groups = num_heads // num_kv_heads
     if groups > 1:
-        kh = kh.repeat_interleave(groups, dim=1)
-        vh = vh.repeat_interleave(groups, dim=1)
+        # GQA by a static expand (query head h reads kv head h // groups).
+        kv_len = kh.shape[2]
+        kh = kh[:, :, None].expand(bs, num_kv_heads, groups, kv_len, head_dim)
+        vh = vh[:, :, None].expand(bs, num_kv_heads, groups, kv_len, head_dim)
+        kh = kh.reshape(bs, num_heads, kv_len, head_dim)
+        vh = vh.reshape(bs, num_heads, kv_len, head_dim)
     out = F.scaled_dot_product_attention(
         qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scaling
     )
@@ -175,14 +183,56 @@ class DSparkWindowedAttention(DFlashAttention):
         return output
 
 
+def dense_expert_mix(
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_{e in S_t} g_{t,e} SwiGLU_e(x_t)`` with static shapes and no host sync.
+
+    Why dense: ``ExpertBank.forward`` groups tokens per expert with
+    ``bincount(...).tolist()`` -- a device-to-host sync and data-dependent
+    shapes, which stall the GPU every step and cannot be captured in a CUDA
+    graph. The drafter is small (few experts, ``bs * gamma`` tokens), so every
+    expert runs on every token (``E / k`` times the routed FLOPs, weights read
+    once, as in the grouped form) and the outputs are combined with the routing
+    weights scattered into a ``[T, E]`` matrix.
+
+    Invariant: equals ``ExpertBank.forward(x, experts, weights)`` -- an expert
+    outside a token's top-k contributes exactly nothing (selected by mask, not
+    multiplied by 0, so a non-finite output of an unselected expert cannot leak).
+    ``x`` ``[T, H]``; ``gate_up_proj`` ``[E, 2I, H]``; ``down_proj`` ``[E, H, I]``;
+    ``experts``/``weights`` ``[T, k]``.
+    """
+    num_tokens, num_experts = x.shape[0], gate_up_proj.shape[0]
+    inter = down_proj.shape[-1]
+    combine = x.new_zeros(num_tokens, num_experts).scatter(1, experts, weights.to(x.dtype))
+    chosen = torch.zeros(num_tokens, num_experts, dtype=torch.bool, device=x.device).scatter(
+        1, experts, True
+    )
+    h = torch.matmul(x, gate_up_proj.transpose(1, 2))  # [E, T, 2I]
+    act = F.silu(h[..., :inter]) * h[..., inter:]
+    y = torch.matmul(act, down_proj.transpose(1, 2))  # [E, T, H]
+    y = torch.where(chosen.t()[..., None], y * combine.t()[..., None], 0.0)
+    return y.sum(0)
+
+
 class DSparkInferenceMoE(MoEFFN):
-    """``model/moe.py``'s MoE FFN returning only ``y`` (SGLang's MLP interface)."""
+    """``model/moe.py``'s MoE FFN returning only ``y`` (SGLang's MLP interface).
+
+    Same parameters, routing (``route``: softmax, top-k, renormalised) and
+    shared expert as training; the routed experts go through
+    :func:`dense_expert_mix` so the forward is graph-capturable.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         weights, experts, _ = route(self.gate(tokens), self.top_k)
-        y = self.experts(tokens, experts, weights)
+        bank = self.experts
+        y = dense_expert_mix(tokens, bank.gate_up_proj, bank.down_proj, experts, weights)
         if self.shared_expert is not None:
             y = y + self.shared_expert(tokens)
         return y.reshape(shape)

@@ -1,28 +1,174 @@
-"""``dspark-sglang demo`` / ``generate`` end to end on SmolLM2 (slow) and argument errors."""
+"""``dspark-sglang demo`` / ``generate``: argument errors, and both demo engines end to end (slow).
+
+The SGLang demo test is the README's first command at small size: SGLang's
+engine on CPU, plain decoding then DSPARK_MOE with the embedded drafter, two
+prompts x 16 tokens. Its printed figures are parsed and checked against each
+other (tokens / wall time = tok/s, the ratio of the two, tokens / verify
+rounds = accepted length); greedy outputs must be token-identical.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import psutil
 import pytest
+from rich.console import Console
 
 from dspark_sglang.cli import build_parser, main
+from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR
+
+_TRAINED = (DEFAULT_DRAFTER_DIR / "config.json").is_file()
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _search(pattern: str, text: str) -> re.Match[str]:
+    m = re.search(pattern, text)
+    assert m is not None, f"{pattern!r} not in output:\n{text}"
+    return m
 
 
 def test_subcommands_are_registered() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo", "--num-prompts", "2", "--policy", "mtp1"])
     assert args.num_prompts == 2 and args.policy == "mtp1" and args.temperature == 0.0
+    assert args.engine == "sglang"  # the product is the default
+    assert parser.parse_args(["demo"]).policy is None  # SGLang decides unless told
+    assert parser.parse_args(["demo", "--engine", "reference"]).engine == "reference"
     args = parser.parse_args(["generate", "--prompt", "hi", "--temperature", "0.7"])
     assert args.prompt == "hi" and args.temperature == 0.7 and args.max_new_tokens == 128
     with pytest.raises(SystemExit):
         parser.parse_args(["generate"])  # --prompt is required
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--engine", "vllm"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--temperature", "0.7"], "greedy only"),
+        (["--top-p", "0.9"], "greedy only"),
+        (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--policy", "lagged"], "needs --cost-table"),
+        (["--cost-table", "sps.json"], "give --policy too"),
+        (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
+    ],
+)
+def test_sglang_demo_rejects_bad_flags_before_starting_anything(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _children()
+    rc = main(["demo", "--engine", "sglang", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("demo: error: ") and message in err
+    assert _children() <= before, "a flag error must not start an engine"
 
 
 @pytest.mark.slow
-def test_demo_runs_and_reports_identical_output(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "--num-prompts", "1", "--max-new-tokens", "4", "--policy", "static"])
+def test_sglang_demo_rejects_a_bad_checkpoint_with_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _children()
+    assert main(["demo", "--drafter", str(tmp_path / "missing")]) == 2
+    assert "config.json is missing" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{not json")
+    assert main(["demo", "--drafter", str(tmp_path)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
+    assert _children() <= before, "a bad checkpoint must be refused before any engine starts"
+
+
+@pytest.mark.slow
+def test_sglang_demo_rejects_a_drafter_for_another_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint whose config does not fit SmolLM2 fails here, not in SGLang's scheduler."""
+    from dspark_sglang.reference.cli import ensure_target_path
+    from dspark_sglang.sglang_integration.demo import resolve_drafter
+
+    quiet = Console(quiet=True)
+    good, trained = resolve_drafter(
+        ensure_target_path(quiet), None, tmp_path / "none", 0, tmp_path, quiet
+    )
+    assert not trained and (good / "model.safetensors").is_file()
+    cfg = json.loads((good / "config.json").read_text())
+    cfg["dspark_config"]["target_num_layers"] = 40
+    (good / "config.json").write_text(json.dumps(cfg))
+    assert main(["demo", "--drafter", str(good)]) == 2
+    err = capsys.readouterr().err
+    assert "target_num_layers=40" in err and "use a drafter trained for this target" in err
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = _children()
+    rc = main(["demo", "--num-prompts", "2", "--max-new-tokens", "16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert ("UNTRAINED" in out) != _TRAINED
+    assert "identical output at temperature 0: 2/2 prompts" in out
+
+    runs = {
+        m["label"]: (int(m["tokens"]), float(m["wall"]), float(m["tps"]))
+        for m in re.finditer(
+            r"^(?P<label>plain|DSPARK_MOE): (?P<tokens>\d+) tokens in (?P<wall>[\d.]+) s = "
+            r"(?P<tps>[\d.]+) tok/s$",
+            out,
+            re.MULTILINE,
+        )
+    }
+    assert set(runs) == {"plain", "DSPARK_MOE"}, out
+    for tokens, wall, tps in runs.values():
+        assert 2 <= tokens <= 32 and wall > 0
+        assert tps == pytest.approx(tokens / wall, rel=1e-2, abs=0.01)
+    assert runs["plain"][0] == runs["DSPARK_MOE"][0]  # identical outputs, identical counts
+
+    ratio = float(_search(r"speed ratio DSPARK_MOE / plain: ([\d.]+)x", out)[1])
+    assert ratio == pytest.approx(runs["DSPARK_MOE"][2] / runs["plain"][2], rel=2e-2)
+
+    m = _search(
+        r"accepted length per round \(SGLang, incl\. bonus\): ([\d.]+) over (\d+) verify rounds, "
+        r"(\d+) drafts accepted",
+        out,
+    )
+    accept, rounds, accepted = float(m[1]), int(m[2]), int(m[3])
+    tokens = runs["DSPARK_MOE"][0]
+    assert 0 < rounds <= tokens and accept == pytest.approx(tokens / rounds, abs=1e-3)
+    assert accept >= 1.0 and accepted <= tokens
+    assert "first answer (DSPARK_MOE)" in out
+    assert _children() <= before, "engine processes left behind"
+
+
+@pytest.mark.slow
+def test_reference_demo_runs_and_reports_identical_output(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(
+        [
+            "demo",
+            "--engine",
+            "reference",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--policy",
+            "static",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    assert "UNTRAINED" in out
+    assert ("UNTRAINED" in out) != _TRAINED
     assert "identical output at temperature 0: 1/1 prompts" in out
     assert "position-wise conditional acceptance" in out
 

@@ -19,9 +19,12 @@ refused with the field named.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +41,7 @@ from dspark_sglang.model import (
     markov_logits,
     save_drafter,
 )
+from dspark_sglang.model.moe import MoEFFN, route
 
 pytestmark = pytest.mark.sglang
 
@@ -137,19 +141,30 @@ def _lm_head(source: torch.nn.Linear) -> Any:
     return head
 
 
-@pytest.mark.parametrize(
-    "overrides", [{}, {"markov_head_type": "rnn"}, {"markov_head_type": "gated"}]
-)
-def test_sglang_class_matches_drafter(
-    sglang_runtime: None, tmp_path: Path, overrides: dict[str, Any]
-) -> None:
+@dataclass
+class _DraftCase:
+    """A loaded SGLang draft class plus one ragged TARGET_VERIFY batch for it."""
+
+    config: DSparkConfig
+    drafter: DSparkDrafter
+    model: Any
+    batch: Any
+    pools: Any
+    contexts: list[torch.Tensor]
+    ctx_lens: list[int]
+    anchors: torch.Tensor
+    prefix: torch.Tensor
+    gen: torch.Generator
+
+
+def _draft_case(tmp_path: Path, overrides: dict[str, Any]) -> _DraftCase:
+    """Checkpoint -> SGLang class; context injected through SGLang's own path."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.model_executor.forward_batch_info import (
         CaptureHiddenMode,
         ForwardBatch,
         ForwardMode,
     )
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     config = _config(**overrides)
     drafter = _drafter(config)
@@ -208,9 +223,28 @@ def test_sglang_class_matches_drafter(
         input_embeds=drafter.embed_tokens(ids.reshape(-1)),
         capture_hidden_mode=CaptureHiddenMode.NULL,
     )
-    backend_pools = SimpleNamespace(
+    pools = SimpleNamespace(
         token_to_kv_pool=pool, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token)
     )
+    return _DraftCase(
+        config, drafter, model, batch, pools, contexts, ctx_lens, anchors, prefix, gen
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"markov_head_type": "rnn"}, {"markov_head_type": "gated"}]
+)
+def test_sglang_class_matches_drafter(
+    sglang_runtime: None, tmp_path: Path, overrides: dict[str, Any]
+) -> None:
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    case = _draft_case(tmp_path, overrides)
+    config, drafter, model, batch = case.config, case.drafter, case.model, case.batch
+    backend_pools, contexts, ctx_lens = case.pools, case.contexts, case.ctx_lens
+    anchors, prefix, gen = case.anchors, case.prefix, case.gen
+    positions = batch.positions
+    bs, feat = len(ctx_lens), config.num_context_features * HIDDEN
     with torch.inference_mode(), forward_context(ForwardContext(attn_backend=backend_pools)):
         out = model.forward(batch.input_ids, positions, batch, input_embeds=batch.input_embeds)
         hidden = out.hidden_states
@@ -299,3 +333,184 @@ def test_bad_checkpoints_are_refused(sglang_runtime: None, tmp_path: Path) -> No
     wrong["layers.0.mlp.gate.weight"] = torch.zeros(3, HIDDEN)
     with pytest.raises(CheckpointError, match="shape"):
         model.load_weights(wrong.items())
+
+
+# --------------------------------------------------------------------------- GPU readiness
+#
+# CUDA graphs cannot capture a device->host sync (``.item()``, ``.tolist()``,
+# ``bool(tensor)``) or a data-dependent shape (``bincount`` sizes, boolean
+# indexing), and outside graphs every sync stalls the GPU. Without a GPU two
+# checks stand in: TorchDynamo's ``fullgraph=True`` tracing (it refuses both
+# kinds) of the MoE and the windowed attention, and the whole draft forward run
+# with the Python-level sync entry points made to raise. Each check is shown to
+# fail on the training code's per-expert loop, which does sync.
+
+_SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+class HostSyncError(AssertionError):
+    """A tensor was read back to the host inside a forward that must not sync."""
+
+
+@contextlib.contextmanager
+def _host_syncs_raise() -> Iterator[None]:
+    """Make ``torch.Tensor``'s host read-backs raise for the duration of the block."""
+    saved = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
+
+    def trap(name: str) -> Any:
+        def raiser(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            raise HostSyncError(f"Tensor.{name}() called inside the draft forward")
+
+        return raiser
+
+    try:
+        for name in _SYNC_METHODS:
+            setattr(torch.Tensor, name, trap(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def _moe_pair(top_k: int, shared: bool, seed: int = 0) -> tuple[MoEFFN, Any]:
+    from dspark_sglang.sglang_integration.moe_draft_model import DSparkInferenceMoE
+
+    args = (HIDDEN, 5, top_k, 48, 40 if shared else None)
+    torch.manual_seed(seed)
+    train = MoEFFN(*args).eval()
+    infer = DSparkInferenceMoE(*args).eval()
+    infer.load_state_dict(train.state_dict())
+    return train, infer
+
+
+@pytest.mark.parametrize(("top_k", "shared"), [(1, True), (2, True), (2, False), (3, True)])
+def test_dense_moe_equals_training_moe(top_k: int, shared: bool) -> None:
+    train, infer = _moe_pair(top_k, shared)
+    x = torch.randn(3, 13, HIDDEN, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(infer(x), train(x)[0], atol=1e-6, rtol=1e-6)
+        # float64: the two forms differ only in summation order.
+        torch.testing.assert_close(
+            infer.double()(x.double()), train.double()(x.double())[0], atol=1e-12, rtol=0
+        )
+
+
+def test_dense_moe_unrouted_expert_contributes_nothing() -> None:
+    """An expert outside every top-k, with non-finite weights, must not leak (mask, not *0)."""
+    train, infer = _moe_pair(2, True)
+    x = torch.rand(40, HIDDEN, generator=torch.Generator().manual_seed(3)) + 0.1  # all > 0
+    with torch.no_grad():
+        for m in (train, infer):
+            m.gate.weight[0] = -10.0  # expert 0: lowest logit for every positive x
+            m.experts.gate_up_proj[0] = float("inf")
+        expect = train(x)[0]
+        got = infer(x)
+    assert bool(torch.isfinite(expect).all())
+    torch.testing.assert_close(got, expect, atol=1e-6, rtol=1e-6)
+
+
+def _window_inputs(gen: torch.Generator) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    bs, q_len, heads, kv_heads, dim, slots = 3, BLOCK, 4, 2, 16, 40
+    q = torch.randn(bs * q_len, heads * dim, generator=gen)
+    k = torch.randn(bs * q_len, kv_heads * dim, generator=gen)
+    v = torch.randn(bs * q_len, kv_heads * dim, generator=gen)
+    kwargs: dict[str, Any] = {
+        "key_buffer": torch.randn(slots, kv_heads, dim, generator=gen),
+        "value_buffer": torch.randn(slots, kv_heads, dim, generator=gen),
+        "req_to_token": torch.randint(1, slots, (4, 32), generator=gen, dtype=torch.int32),
+        "req_pool_indices": torch.tensor([2, 0, 3]),
+        "prefix_lens": torch.tensor([11, 2, 0]),
+        "window": WINDOW,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": dim,
+        "scaling": dim**-0.5,
+    }
+    return (q, k, v), kwargs
+
+
+def test_moe_and_window_trace_as_one_graph() -> None:
+    """``fullgraph=True`` tracing accepts the inference MoE and the windowed attention."""
+    from dspark_sglang.sglang_integration.moe_draft_model import windowed_block_attention
+
+    torch._dynamo.reset()
+    train, infer = _moe_pair(2, True)
+    x = torch.randn(2, 8, HIDDEN, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        traced = torch.compile(infer, fullgraph=True, backend="eager", dynamic=False)
+        torch.testing.assert_close(traced(x), infer(x), atol=0, rtol=0)
+        # The same check refuses the training MoE's per-expert loop (bincount().tolist()).
+        with pytest.raises(Exception, match=r"(?i)data.dependent|tolist|bincount"):
+            torch.compile(train, fullgraph=True, backend="eager", dynamic=False)(x)
+
+    (q, k, v), kwargs = _window_inputs(torch.Generator().manual_seed(5))
+    attn = torch.compile(windowed_block_attention, fullgraph=True, backend="eager", dynamic=False)
+    torch.testing.assert_close(
+        attn(q, k, v, **kwargs), windowed_block_attention(q, k, v, **kwargs), atol=0, rtol=0
+    )
+    torch._dynamo.reset()
+
+
+def test_window_attention_gqa_matches_per_head_loop() -> None:
+    """The static GQA expand reads kv head ``h // groups`` for query head ``h``."""
+    from dspark_sglang.sglang_integration.moe_draft_model import windowed_block_attention
+
+    (q, k, v), kw = _window_inputs(torch.Generator().manual_seed(6))
+    out = windowed_block_attention(q, k, v, **kw)
+    bs, q_len, heads, kv_heads, dim = 3, BLOCK, kw["num_heads"], kw["num_kv_heads"], kw["head_dim"]
+    groups = heads // kv_heads
+    for b in range(bs):
+        p = int(kw["prefix_lens"][b])
+        ctx = list(range(max(0, p - WINDOW), p))
+        locs = kw["req_to_token"][kw["req_pool_indices"][b], ctx].long()
+        rows = slice(b * q_len, (b + 1) * q_len)
+        for h in range(heads):
+            g = h // groups
+            keys = torch.cat(
+                [kw["key_buffer"][locs, g], k[rows].view(q_len, kv_heads, dim)[:, g]], 0
+            )
+            vals = torch.cat(
+                [kw["value_buffer"][locs, g], v[rows].view(q_len, kv_heads, dim)[:, g]], 0
+            )
+            qh = q[rows].view(q_len, heads, dim)[:, h]
+            expect = torch.softmax(qh @ keys.T * kw["scaling"], -1) @ vals
+            got = out[rows].view(q_len, heads, dim)[:, h]
+            torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+
+
+def test_draft_forward_never_syncs_with_host(sglang_runtime: None, tmp_path: Path) -> None:
+    """The whole SGLang draft forward (attention, window, MoE, norms) reads nothing back."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    from dspark_sglang.model.moe import ExpertBank
+
+    case = _draft_case(tmp_path, {})
+    batch, model = case.batch, case.model
+
+    def run() -> torch.Tensor:
+        with (
+            torch.inference_mode(),
+            forward_context(ForwardContext(attn_backend=case.pools)),
+            _host_syncs_raise(),
+        ):
+            out = model.forward(
+                batch.input_ids, batch.positions, batch, input_embeds=batch.input_embeds
+            )
+        return out.hidden_states
+
+    hidden = run()
+    assert hidden.shape == (len(case.ctx_lens) * BLOCK, HIDDEN)
+    assert bool(torch.isfinite(hidden).all())
+
+    # Negative control: the training MoE's expert loop in one layer is caught.
+    layer_mlp = model.layers[0].mlp
+    bank = layer_mlp.experts
+
+    def grouped(x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, experts, _ = route(layer_mlp.gate(tokens), layer_mlp.top_k)
+        return ExpertBank.forward(bank, tokens, experts, weights).reshape(x.shape)
+
+    layer_mlp.forward = grouped
+    with pytest.raises(HostSyncError, match="tolist"):
+        run()

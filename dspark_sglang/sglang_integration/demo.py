@@ -1,0 +1,478 @@
+"""``dspark-sglang demo --engine sglang``: the product, plain vs DSpark, in SGLang's engine on CPU.
+
+Why this exists: the README's first command must show what users actually run
+-- SGLang's real ``Engine`` with our drafter behind
+``--speculative-algorithm DSPARK_MOE`` -- not the pure-PyTorch reference
+generator. The demo starts the engine twice, one after the other (two CPU
+engines at once would fight over 2 cores and skew both timings): first plain
+decoding, then DSPARK_MOE with the embedded drafter, on the same greedy chat
+prompts, and prints per engine tokens/s (wall time of ``generate`` only, after
+a short warm-up on a different prompt so neither run pays first-call costs or
+hits the other's radix cache), the speed ratio, SGLang's accepted length per
+verify round, and whether the outputs are token-identical. Greedy verification
+is lossless, so they must be: a mismatch is a bug and the demo exits 1.
+
+Everything that can be checked without an engine (flags, cost table, drafter
+checkpoint against the target config) is checked first, because SGLang kills
+its parent process when a scheduler dies during start-up: a bad checkpoint
+must become a clear error here, not a dead CLI.
+
+Invariant: both engines see identical prompts and sampling settings, and each
+engine is shut down (``cpu_engine``) before the next starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "STS_FILENAME",
+    "DemoError",
+    "DemoPlan",
+    "EngineRun",
+    "check_sglang_flags",
+    "plan_demo",
+    "resolve_drafter",
+    "run_engine",
+    "run_sglang_demo",
+    "scheduler_env",
+    "write_scheduler_config",
+]
+
+STS_FILENAME = "sts.json"
+"""STS calibration file shipped next to a drafter checkpoint (SGLang's STS JSON)."""
+
+_WARMUP_TEXT = "Hello"
+_HOST = "127.0.0.1"  # SGLang's engine binds only loopback ports (dist init); say so explicitly
+
+
+class DemoError(ValueError):
+    """A flag, file or checkpoint the demo cannot use; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What one engine produced for the demo prompts, and how fast."""
+
+    label: str
+    outputs: tuple[tuple[int, ...], ...]
+    wall_s: float
+    #: SGLang's per-request ``spec_verify_ct`` summed (0 without speculation).
+    verify_rounds: int
+    #: SGLang's per-request ``spec_num_correct_drafts`` summed.
+    correct_drafts: int
+    #: Sum over requests of SGLang's ``spec_correct_drafts_histogram`` (steps that
+    #: accepted exactly k drafts), empty without speculation.
+    accepted_histogram: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def accept_length(self) -> float:
+        """SGLang's accepted length per round: completion tokens / verify rounds (incl. bonus)."""
+        return self.num_tokens / self.verify_rounds if self.verify_rounds else math.nan
+
+    @classmethod
+    def from_outputs(
+        cls, label: str, outputs: Sequence[dict[str, Any]], wall_s: float
+    ) -> EngineRun:
+        """Aggregate SGLang's output dicts (``output_ids`` + ``meta_info``)."""
+        verify = correct = 0
+        hist: list[int] = []
+        for o in outputs:
+            meta = o.get("meta_info", {})
+            verify += int(meta.get("spec_verify_ct", 0))
+            correct += int(meta.get("spec_num_correct_drafts", 0))
+            h = [int(x) for x in meta.get("spec_correct_drafts_histogram", None) or []]
+            hist += [0] * (len(h) - len(hist))
+            for k, n in enumerate(h):
+                hist[k] += n
+        return cls(
+            label=label,
+            outputs=tuple(tuple(int(t) for t in o["output_ids"]) for o in outputs),
+            wall_s=wall_s,
+            verify_rounds=verify,
+            correct_drafts=correct,
+            accepted_histogram=tuple(hist),
+        )
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """Everything both engine runs need, resolved and validated before any engine starts."""
+
+    model_path: Path
+    drafter_dir: Path
+    trained: bool
+    prompts: tuple[tuple[int, ...], ...]
+    max_new_tokens: int
+    omp_threads: int
+    #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG`` (``--policy``), else None:
+    #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
+    scheduler_config: Path | None
+
+    def __post_init__(self) -> None:
+        if not self.prompts or any(len(p) == 0 for p in self.prompts):
+            raise DemoError("DemoPlan.prompts must be non-empty token-id lists")
+        if self.max_new_tokens < 1:
+            raise DemoError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.omp_threads < 1:
+            raise DemoError(f"--threads must be >= 1, got {self.omp_threads}")
+
+
+def check_sglang_flags(args: argparse.Namespace) -> None:
+    """Flag checks that need neither the target nor an engine (fail in milliseconds)."""
+    if args.temperature != 0.0:
+        raise DemoError(
+            f"--engine sglang runs greedy only (got --temperature {args.temperature}): on CPU "
+            "SGLang's speculative verify is always greedy; drop --temperature or use "
+            "--engine reference for sampling"
+        )
+    if args.top_k not in (-1, 0) or args.top_p != 1.0:
+        raise DemoError("--top-k/--top-p need sampling; --engine sglang runs greedy only")
+    if args.num_prompts < 1:
+        raise DemoError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.max_new_tokens < 1:
+        raise DemoError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise DemoError(f"--threads must be >= 1, got {args.threads}")
+    if args.policy is None:
+        for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
+            if value is not None:
+                raise DemoError(
+                    f"{flag} only feeds our scheduler: give --policy too (without --policy "
+                    "SGLang decides the verify lengths itself)"
+                )
+    if args.policy in ("prefix", "lagged") and args.cost_table is None:
+        raise DemoError(
+            f"policy {args.policy!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
+            "`dspark-sglang profile`)"
+        )
+    for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
+        if value is not None and not Path(value).is_file():
+            raise DemoError(f"{flag} {value}: no such file")
+
+
+@lru_cache(maxsize=4)
+def _target_spec(model_path: Path) -> tuple[Any, Any]:
+    """``(TargetSpec, tokenizer)`` from the model folder, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from dspark_sglang.model import TargetSpec
+    from dspark_sglang.targets.smollm2 import RECORD_FILENAME, SMOLLM2_NAME
+
+    name = SMOLLM2_NAME if (model_path / RECORD_FILENAME).is_file() else model_path.name
+    config = AutoConfig.from_pretrained(str(model_path))
+    spec = TargetSpec.from_hf_config(config, name=name)
+    return spec, AutoTokenizer.from_pretrained(str(model_path))
+
+
+def _shared_stubs(vocab: int, hidden: int) -> tuple[Any, Any]:
+    """Meta-device stand-ins for the target's embedding/LM head.
+
+    The drafter never saves them (they belong to the target; SGLang re-attaches
+    the real ones), so shape-checked stubs are enough to validate or write a
+    checkpoint without loading the target's weights in this process.
+    """
+    from torch import nn
+
+    return (
+        nn.Embedding(vocab, hidden, device="meta"),
+        nn.Linear(hidden, vocab, bias=False, device="meta"),
+    )
+
+
+def resolve_drafter(
+    model_path: Path,
+    drafter: Path | None,
+    default_dir: Path,
+    seed: int,
+    workdir: Path,
+    console: Any,
+) -> tuple[Path, bool]:
+    """``(checkpoint folder, trained)`` for the DSPARK_MOE engine, validated against the target.
+
+    ``drafter`` if given, else ``default_dir`` if it holds a checkpoint, else a
+    seeded untrained drafter written with ``save_drafter`` under ``workdir``
+    (with a loud warning: its drafts are essentially never accepted).
+    Raises ``CheckpointError`` (a ``ValueError``) naming the field and the fix.
+    """
+    import torch
+
+    from dspark_sglang.model import DSparkConfig, DSparkDrafter, load_drafter, save_drafter
+    from dspark_sglang.targets.hf_target import default_mask_token_id
+
+    spec, tokenizer = _target_spec(model_path)
+    embed, head = _shared_stubs(spec.vocab_size, spec.hidden_size)
+    path = drafter
+    if path is None and (default_dir / "config.json").is_file():
+        path = default_dir
+    if path is not None:
+        load_drafter(path, spec, embed, head)  # full check: config vs target, every tensor
+        console.print(f"drafter: {path}")
+        return path, True
+    config = DSparkConfig.for_target(spec, mask_token_id=default_mask_token_id(tokenizer))
+    torch.manual_seed(seed)
+    folder = save_drafter(DSparkDrafter(config, embed, head), workdir / "untrained_drafter")
+    console.print(
+        "[bold red]WARNING: no trained drafter checkpoint found; using an UNTRAINED, "
+        f"seeded (seed={seed}) drafter.[/] Its drafts are almost never accepted, so "
+        "expect ~1 token per round and a slowdown: this run checks correctness, not speed.",
+        soft_wrap=True,
+    )
+    return folder, False
+
+
+def _drafter_block_size(folder: Path) -> int:
+    return int(json.loads((folder / "config.json").read_text())["dspark_config"]["block_size"])
+
+
+def write_scheduler_config(
+    args: argparse.Namespace, drafter_dir: Path, workdir: Path, console: Any
+) -> Path | None:
+    """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None)."""
+    if args.policy is None:
+        return None
+    from dspark_sglang.scheduling.config import SchedulerConfig
+
+    sts = args.sts
+    if sts is None and (drafter_dir / STS_FILENAME).is_file():
+        sts = drafter_dir / STS_FILENAME
+        console.print(f"STS calibration: {sts}")
+    from dspark_sglang.calibration.sts import load_sts
+    from dspark_sglang.scheduling import load_cost_table
+
+    block_size = _drafter_block_size(drafter_dir)
+    # The worker reads both files in the scheduler process, where a failure kills
+    # this process too (SGLang's start-up SIGQUIT): read them here first.
+    if args.cost_table is not None:
+        load_cost_table(args.cost_table)
+    if sts is not None and load_sts(sts).block_size != block_size:
+        raise DemoError(
+            f"STS {sts} was fit for block size {load_sts(sts).block_size}, the drafter "
+            f"proposes {block_size}; refit it (`dspark-sglang calibrate`) for this drafter"
+        )
+    cfg = SchedulerConfig(
+        block_size=block_size,
+        policy=args.policy,
+        sla_name="demo",
+        static_k=args.static_k if args.policy == "static" else None,
+        cost_table_path=str(Path(args.cost_table).resolve()) if args.cost_table else None,
+        sts_path=str(Path(sts).resolve()) if sts is not None else None,
+    )
+    path = workdir / "scheduler.yaml"
+    cfg.save(path)
+    return path
+
+
+def scheduler_env(scheduler_config: Path | None) -> dict[str, str]:
+    """Engine environment for DSPARK_MOE: SGLang's own decision, or ours via the config file.
+
+    Our policy needs per-request verify lengths, which SGLang's ``static`` ragged
+    mode does not have, hence ``cap-accept`` with ``--policy``.
+    """
+    if scheduler_config is None:
+        return {"SGLANG_RAGGED_VERIFY_MODE": "static"}
+    return {
+        "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
+        "DSPARK_SCHEDULER_CONFIG": str(scheduler_config),
+    }
+
+
+def plan_demo(
+    args: argparse.Namespace, model_path: Path, default_dir: Path, workdir: Path, console: Any
+) -> DemoPlan:
+    """Validate everything and write the files both engine runs need (no engine started)."""
+    from dspark_sglang.reference.cli import demo_chats
+
+    drafter_dir, trained = resolve_drafter(
+        model_path, args.drafter, default_dir, args.seed, workdir, console
+    )
+    scheduler_config = write_scheduler_config(args, drafter_dir, workdir, console)
+    _, tokenizer = _target_spec(model_path)
+    prompts = []
+    for chat in demo_chats(args.num_prompts):
+        ids = tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
+            ids = ids["input_ids"]
+        prompts.append(tuple(int(t) for t in ids))
+    return DemoPlan(
+        model_path=model_path,
+        drafter_dir=drafter_dir,
+        trained=trained,
+        prompts=tuple(prompts),
+        max_new_tokens=args.max_new_tokens,
+        omp_threads=args.threads if args.threads is not None else 1,
+        scheduler_config=scheduler_config,
+    )
+
+
+def run_engine(
+    label: str,
+    spec: Any,
+    prompts: Sequence[Sequence[int]],
+    warmup: Sequence[int],
+    max_new_tokens: int,
+    console: Any,
+) -> EngineRun:
+    """Start one CPU engine, warm it up, time one batched greedy ``generate``, shut it down.
+
+    EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
+    runs of both engines stop at the same token anyway.
+    """
+    from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
+
+    sampling = {"ignore_eos": False}
+    with contextlib.ExitStack() as stack:
+        with console.status(
+            f"starting SGLang's engine on CPU for {label} (a scheduler process loads the "
+            "model; this takes ~20-60 s)"
+        ):
+            engine = stack.enter_context(cpu_engine(spec))
+            generate_outputs(engine, [list(warmup)], 2, sampling)
+        with console.status(f"{label}: generating {len(prompts)} prompts in one batch"):
+            start = time.perf_counter()
+            outputs = generate_outputs(engine, [list(p) for p in prompts], max_new_tokens, sampling)
+            wall = time.perf_counter() - start
+        console.print(f"{label}: {wall:.2f} s; shutting the engine down", highlight=False)
+    return EngineRun.from_outputs(label, outputs, wall)
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
+
+
+def report(console: Any, plain: EngineRun, spec: EngineRun) -> bool:
+    """Print the figures; returns whether the greedy outputs are token-identical."""
+    from rich.table import Table
+
+    table = Table(title="SGLang engine on CPU, greedy: plain decoding vs DSPARK_MOE")
+    for col in ("engine", "tokens", "wall s", "tok/s", "verify rounds", "accepted/round"):
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    for run in (plain, spec):
+        rounds = str(run.verify_rounds) if run.verify_rounds else "-"
+        table.add_row(
+            run.label,
+            str(run.num_tokens),
+            _fmt(run.wall_s),
+            _fmt(run.tokens_per_second),
+            rounds,
+            _fmt(run.accept_length) if run.verify_rounds else "1.00",
+        )
+    console.print(table)
+    for run in (plain, spec):
+        console.print(
+            f"{run.label}: {run.num_tokens} tokens in {run.wall_s:.3f} s = "
+            f"{run.tokens_per_second:.2f} tok/s",
+            soft_wrap=True,
+            highlight=False,
+        )
+    ratio = spec.tokens_per_second / plain.tokens_per_second
+    console.print(f"speed ratio DSPARK_MOE / plain: {ratio:.3f}x", soft_wrap=True, highlight=False)
+    console.print(
+        f"accepted length per round (SGLang, incl. bonus): {_fmt(spec.accept_length, 3)} "
+        f"over {spec.verify_rounds} verify rounds, {spec.correct_drafts} drafts accepted",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if spec.accepted_histogram:
+        hist = ", ".join(f"{k}:{n}" for k, n in enumerate(spec.accepted_histogram))
+        console.print(
+            f"rounds by drafts accepted (k:rounds): {hist}", soft_wrap=True, highlight=False
+        )
+    same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
+    ok = all(same)
+    style = "bold green" if ok else "bold red"
+    console.print(
+        f"[{style}]identical output at temperature 0: {sum(same)}/{len(same)} prompts[/]",
+        soft_wrap=True,
+    )
+    return ok
+
+
+def run_sglang_demo(
+    args: argparse.Namespace, model_path_fn: Any, default_dir: Path, console: Any
+) -> int:
+    """The ``--engine sglang`` demo; exit code 0 ok, 1 outputs differ, 2 unusable input.
+
+    ``model_path_fn(console)`` fetches/converts the target (it may take a while
+    on first use) and returns its HF folder.
+    """
+    import subprocess
+    import sys
+
+    from dspark_sglang.sglang_integration.engine import CpuEngineSpec
+
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
+    with tempfile.TemporaryDirectory(prefix="dspark-demo-") as tmp:
+        try:
+            check_sglang_flags(args)
+            model_path = Path(model_path_fn(console))
+            plan = plan_demo(args, model_path, default_dir, Path(tmp), console)
+        except (ValueError, FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
+            print(f"demo: error: {exc}", file=sys.stderr)
+            return 2
+        _, tokenizer = _target_spec(plan.model_path)
+        warmup = tokenizer(_WARMUP_TEXT, add_special_tokens=False)["input_ids"]
+        # Errors only: SGLang's CPU start-up logs a page of irrelevant GPU/import warnings.
+        base = {"host": _HOST, "log_level": "error"}
+        plain_spec = CpuEngineSpec(
+            model_path=str(plan.model_path), overrides=base, omp_threads=plan.omp_threads
+        )
+        dspark_spec = CpuEngineSpec(
+            model_path=str(plan.model_path),
+            overrides={
+                **base,
+                "speculative_algorithm": "DSPARK_MOE",
+                "speculative_draft_model_path": str(plan.drafter_dir),
+            },
+            env=scheduler_env(plan.scheduler_config),
+            omp_threads=plan.omp_threads,
+        )
+        policy = args.policy or "SGLang default (whole block, ragged mode static)"
+        console.print(
+            f"target {plan.model_path.name}, drafter {plan.drafter_dir.name} "
+            f"({'trained' if plan.trained else 'UNTRAINED'}), {len(plan.prompts)} prompts x "
+            f"<= {plan.max_new_tokens} new tokens, greedy, policy {policy}",
+            soft_wrap=True,
+        )
+        try:
+            plain = run_engine(
+                "plain", plain_spec, plan.prompts, warmup, plan.max_new_tokens, console
+            )
+            spec = run_engine(
+                "DSPARK_MOE", dspark_spec, plan.prompts, warmup, plan.max_new_tokens, console
+            )
+        except ImportError as exc:
+            print(
+                f"demo: error: SGLang is not importable ({exc}); build the venv with "
+                "scripts/setup.sh (it installs the lean CPU SGLang) or use --engine reference",
+                file=sys.stderr,
+            )
+            return 2
+        except RuntimeError as exc:  # SGLang reports a failed start-up as RuntimeError
+            print(f"demo: error: SGLang's engine failed: {exc}", file=sys.stderr)
+            return 2
+    ok = report(console, plain, spec)
+    console.rule("first answer (DSPARK_MOE)")
+    console.print(tokenizer.decode(list(spec.outputs[0]), skip_special_tokens=True))
+    return 0 if ok else 1

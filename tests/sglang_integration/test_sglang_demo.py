@@ -1,0 +1,103 @@
+"""The SGLang demo's pieces that need no engine: figure aggregation and the --policy route.
+
+The demo end to end (two CPU engines) is tested through the CLI in
+``tests/reference/test_reference_cli.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dspark_sglang.calibration.sts import StsCalibration
+from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.sglang_integration.demo import (
+    STS_FILENAME,
+    DemoError,
+    EngineRun,
+    scheduler_env,
+    write_scheduler_config,
+)
+
+
+def test_engine_run_aggregates_sglang_meta_info() -> None:
+    outputs = [
+        {
+            "output_ids": [5, 6, 7, 8, 9],
+            "meta_info": {
+                "spec_verify_ct": 3,
+                "spec_num_correct_drafts": 1,
+                "spec_correct_drafts_histogram": [2, 1],
+            },
+        },
+        # finished at prefill: SGLang sends no spec_* keys for it
+        {"output_ids": [4], "meta_info": {"completion_tokens": 1}},
+        {
+            "output_ids": [1, 2, 3],
+            "meta_info": {
+                "spec_verify_ct": 2,
+                "spec_num_correct_drafts": 0,
+                "spec_correct_drafts_histogram": [2],
+            },
+        },
+    ]
+    run = EngineRun.from_outputs("DSPARK_MOE", outputs, wall_s=2.0)
+    assert run.outputs == ((5, 6, 7, 8, 9), (4,), (1, 2, 3))
+    assert run.num_tokens == 9 and run.tokens_per_second == 4.5
+    assert (run.verify_rounds, run.correct_drafts) == (5, 1)
+    assert run.accept_length == pytest.approx(9 / 5)
+    assert run.accepted_histogram == (4, 1)
+    plain = EngineRun.from_outputs("plain", [{"output_ids": [1, 2], "meta_info": {}}], 1.0)
+    assert plain.verify_rounds == 0 and math.isnan(plain.accept_length)
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base: dict[str, object] = {"policy": None, "static_k": 3, "cost_table": None, "sts": None}
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _drafter_dir(tmp_path: Path, block_size: int, sts_block: int | None) -> Path:
+    folder = tmp_path / "drafter"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"dspark_config": {"block_size": block_size}}))
+    if sts_block is not None:
+        StsCalibration(temperatures=(1.5,) * sts_block).save(folder / STS_FILENAME)
+    return folder
+
+
+def test_without_policy_sglang_decides(tmp_path: Path) -> None:
+    quiet = Console(quiet=True)
+    assert write_scheduler_config(_args(), _drafter_dir(tmp_path, 7, 7), tmp_path, quiet) is None
+    assert scheduler_env(None) == {"SGLANG_RAGGED_VERIFY_MODE": "static"}
+
+
+def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path) -> None:
+    drafter = _drafter_dir(tmp_path, 5, 5)
+    path = write_scheduler_config(
+        _args(policy="static", static_k=2), drafter, tmp_path, Console(quiet=True)
+    )
+    assert path is not None
+    cfg = SchedulerConfig.load(path)
+    assert (cfg.policy, cfg.static_k, cfg.block_size) == ("static", 2, 5)
+    assert cfg.sts_path == str((drafter / STS_FILENAME).resolve())
+    env = scheduler_env(path)
+    assert env == {"SGLANG_RAGGED_VERIFY_MODE": "cap-accept", "DSPARK_SCHEDULER_CONFIG": str(path)}
+
+
+def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:
+    drafter = _drafter_dir(tmp_path, 7, 4)
+    with pytest.raises(DemoError, match="fit for block size 4, the drafter proposes 7"):
+        write_scheduler_config(_args(policy="mtp1"), drafter, tmp_path, Console(quiet=True))
+    with pytest.raises(ValueError, match="static_k must be <= block_size"):
+        write_scheduler_config(
+            _args(policy="static", static_k=9),
+            _drafter_dir(tmp_path / "b", 7, None),
+            tmp_path,
+            Console(quiet=True),
+        )
