@@ -44,7 +44,7 @@ from dspark_sglang.planning.frontier import (
 from dspark_sglang.planning.traces import (
     AcceptanceTraces,
     decaying_acceptance,
-    load_traces,
+    load_traces_many,
     synthetic_traces,
 )
 from dspark_sglang.planning.workload import default_lengths
@@ -80,7 +80,7 @@ def find_profile() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path, default=None)
-    ap.add_argument("--traces", type=Path, default=None)
+    ap.add_argument("--traces", type=Path, nargs="+", default=None, help="trace files (joined)")
     ap.add_argument("--sts", type=Path, default=None)
     ap.add_argument("--sla", default="80,120")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = args.profile or find_profile()
     table: CostTable = load_cost_table(profile) if profile else synthetic_staircase()
-    traces = load_traces(args.traces) if args.traces else default_traces(args.seed)
+    traces = load_traces_many(args.traces) if args.traces else default_traces(args.seed)
     sts = load_sts(args.sts) if args.sts else None
     lengths = default_lengths()
     slas = [float(x) for x in args.sla.split(",")]
@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     frontier.meta.update(
         {
             "profile": str(profile) if profile else "synthetic staircase (benchmarks/frontier.py)",
-            "traces": str(args.traces) if args.traces else "synthetic (benchmarks/frontier.py)",
+            "traces": [str(t) for t in args.traces]
+            if args.traces
+            else "synthetic (benchmarks/frontier.py)",
             "trace_mean_accept_length_full_block": traces.mean_accept_length(),
             "trace_rounds": traces.num_rounds,
             "block_size": traces.block_size,

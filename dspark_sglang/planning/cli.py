@@ -24,8 +24,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--traces",
         required=True,
-        help="acceptance traces (.jsonl/.pt, see planning/traces.py), or 'synthetic[:B]' for "
-        "a built-in synthetic set (high acceptance, block B, default 7)",
+        nargs="+",
+        help="acceptance trace files (.jsonl/.pt, see planning/traces.py; several are joined, "
+        "e.g. the per-domain files `bench acceptance --traces-dir` writes), or "
+        "'synthetic[:B]' for a built-in synthetic set (high acceptance, block B, default 7)",
     )
     p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON (default: T=1)")
     p.add_argument(
@@ -45,13 +47,17 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _load_inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from dspark_sglang.calibration.sts import load_sts
-    from dspark_sglang.planning.traces import decaying_acceptance, load_traces, synthetic_traces
+    from dspark_sglang.planning.traces import (
+        decaying_acceptance,
+        load_traces_many,
+        synthetic_traces,
+    )
     from dspark_sglang.planning.workload import default_lengths, load_lengths
     from dspark_sglang.scheduling.cost_table import load_cost_table
 
     table = load_cost_table(args.profile)
-    if args.traces.startswith("synthetic"):
-        _, _, b = args.traces.partition(":")
+    if len(args.traces) == 1 and args.traces[0].startswith("synthetic"):
+        _, _, b = args.traces[0].partition(":")
         block = int(b) if b else 7
         traces = synthetic_traces(
             200,
@@ -62,7 +68,7 @@ def _load_inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             seed=args.seed,
         )
     else:
-        traces = load_traces(args.traces)
+        traces = load_traces_many(args.traces)
     sts = load_sts(args.sts) if args.sts else None
     lengths = load_lengths(args.lengths) if args.lengths else default_lengths()
     return table, traces, sts, lengths
@@ -263,7 +269,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     print(plan_table(tiers))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        values_yaml(doc, tiers, source=f"{args.profile}, {args.traces}"), encoding="utf-8"
+        values_yaml(doc, tiers, source=f"{args.profile}, {' '.join(args.traces)}"), encoding="utf-8"
     )
     print(f"wrote {args.out}  (helm install ... -f {args.out})")
     return 0

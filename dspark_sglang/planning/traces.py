@@ -49,6 +49,7 @@ __all__ = [
     "concat_traces",
     "decaying_acceptance",
     "load_traces",
+    "load_traces_many",
     "save_traces",
     "synthetic_traces",
 ]
@@ -244,6 +245,14 @@ def load_traces(path: str | Path) -> AcceptanceTraces:
         except ValueError as exc:
             raise ValueError(f"{src}: {exc}") from exc
     raise ValueError(f"{src}: unknown trace format {p.suffix!r}; use .jsonl or .pt")
+
+
+def load_traces_many(paths: Sequence[str | Path]) -> AcceptanceTraces:
+    """Several trace files (e.g. one per domain, as ``bench acceptance`` writes them) as one
+    set; request ids are renumbered per file (``concat_traces``)."""
+    if not paths:
+        raise ValueError("no trace files given")
+    return concat_traces([load_traces(p) for p in paths])
 
 
 def save_traces(traces: AcceptanceTraces, path: str | Path) -> None:

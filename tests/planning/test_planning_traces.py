@@ -14,6 +14,7 @@ from dspark_sglang.planning.traces import (
     concat_traces,
     decaying_acceptance,
     load_traces,
+    load_traces_many,
     save_traces,
     synthetic_traces,
 )
@@ -39,6 +40,21 @@ def test_round_trip_is_exact(tmp_path: Path, suffix: str) -> None:
     assert torch.equal(back.domain_index, t.domain_index)
     assert torch.equal(back.accepted, t.accepted)
     assert torch.equal(back.confidence_logits, t.confidence_logits)
+
+
+def test_per_domain_files_load_as_one_set(tmp_path: Path) -> None:
+    # As `bench acceptance --traces-dir` writes them: one file per domain, ids from 0 each.
+    a = synthetic_traces(3, 2, [0.8, 0.7], domain="gsm8k", seed=0)
+    b = synthetic_traces(2, 4, [0.5, 0.5], domain="humaneval", seed=1)
+    save_traces(a, tmp_path / "gsm8k.jsonl")
+    save_traces(b, tmp_path / "humaneval.pt")
+    both = load_traces_many([tmp_path / "gsm8k.jsonl", tmp_path / "humaneval.pt"])
+    assert both.domains == ("gsm8k", "humaneval")
+    assert both.num_rounds == a.num_rounds + b.num_rounds
+    assert len(both.request_spans()[0]) == 5  # 3 + 2 requests, none merged across files
+    assert torch.equal(both.accepted, torch.cat([a.accepted, b.accepted]))
+    with pytest.raises(ValueError, match="no trace files"):
+        load_traces_many([])
 
 
 def test_concat_renumbers_requests_and_spans() -> None:
