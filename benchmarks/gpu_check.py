@@ -39,11 +39,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -398,38 +397,6 @@ def engine_kwargs(args: GpuCheckArgs, model_path: Path, drafter: Path | None) ->
     return kw
 
 
-@contextlib.contextmanager
-def gpu_engine(kwargs: Mapping[str, Any], env: Mapping[str, str]) -> Iterator[Any]:
-    """``sglang.Engine`` that is always shut down, its leftover children killed by PID."""
-    import psutil
-    import sglang
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    engine = None
-    try:
-        engine = sglang.Engine(**kwargs)
-        yield engine
-    finally:
-        spawned = [p for p in me.children(recursive=True) if p.pid not in before]
-        try:
-            if engine is not None:
-                engine.shutdown()
-        finally:
-            alive = [p for p in spawned if p.is_running()]
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            psutil.wait_procs(alive, timeout=10)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
 def run_mode(
     args: GpuCheckArgs,
     model_path: Path,
@@ -443,7 +410,9 @@ def run_mode(
         env["SGLANG_RAGGED_VERIFY_MODE"] = args.ragged_verify_mode
     params = {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
     runs: dict[int, BatchRun] = {}
-    with gpu_engine(engine_kwargs(args, model_path, drafter), env) as engine:
+    from dspark_sglang.sglang_integration.engine import managed_engine
+
+    with managed_engine(engine_kwargs(args, model_path, drafter), env) as engine:
         warm = dict(params, max_new_tokens=args.warmup_tokens)
         for bs in args.batch_sizes:
             engine.generate(input_ids=prompts[:bs], sampling_params=warm)

@@ -86,17 +86,13 @@ def _resource_tracker_pids() -> set[int]:
 
 
 @contextlib.contextmanager
-def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
-    """Start ``sglang.Engine`` on CPU; always shut it down and reap its processes.
+def managed_engine(kwargs: Mapping[str, Any], env: Mapping[str, str]) -> Iterator[Any]:
+    """``sglang.Engine(**kwargs)`` that is always shut down and its processes reaped by PID.
 
-    ``spec.env`` is applied to ``os.environ`` for the engine's lifetime (the
-    scheduler processes inherit it) and restored afterwards.
+    ``env`` is applied to ``os.environ`` for the engine's lifetime (the scheduler
+    processes inherit it) and restored afterwards. Shared by the CPU engine and the
+    GPU check, so neither can leak a scheduler process or an environment variable.
     """
-    env = {
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "OMP_NUM_THREADS": str(spec.omp_threads),
-        **dict(spec.env),
-    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     me = psutil.Process()
@@ -105,7 +101,7 @@ def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
     try:
         import sglang
 
-        engine = sglang.Engine(**spec.server_kwargs())
+        engine = sglang.Engine(**kwargs)
         yield engine
     finally:
         # Python's multiprocessing resource tracker is started on first use and
@@ -122,6 +118,18 @@ def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+@contextlib.contextmanager
+def cpu_engine(spec: CpuEngineSpec) -> Iterator[Any]:
+    """Start ``sglang.Engine`` on CPU (``managed_engine`` with the CPU defaults)."""
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "OMP_NUM_THREADS": str(spec.omp_threads),
+        **dict(spec.env),
+    }
+    with managed_engine(spec.server_kwargs(), env) as engine:
+        yield engine
 
 
 def generate_outputs(
