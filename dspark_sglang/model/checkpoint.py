@@ -28,11 +28,25 @@ class CheckpointError(ValueError):
     """A drafter checkpoint that must not be used with this target/request."""
 
 
-def save_drafter(drafter: DSparkDrafter, path: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` into folder ``path``; returns it."""
+def save_drafter(
+    drafter: DSparkDrafter, path: str | Path, *, dtype: torch.dtype | None = None
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into folder ``path``; returns it.
+
+    ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors at that precision: a
+    shipped checkpoint at half the size. Loading casts back to the module's dtype.
+    """
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (e.g. torch.bfloat16), got {dtype}")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+    state = {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v)
+        .detach()
+        .contiguous()
+        .cpu()
+        for k, v in drafter.state_dict().items()
+    }
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     text = json.dumps(drafter.config.to_hf_dict(), indent=2, sort_keys=False) + "\n"
     (folder / CONFIG_FILE).write_text(text)

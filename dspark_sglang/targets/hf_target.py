@@ -52,7 +52,7 @@ def default_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     )
 
 
-def _model_name(path: Path) -> str:
+def target_name_of(path: Path) -> str:
     """A stable target name: SmolLM2's converted folder reports the upstream name."""
     from dspark_sglang.targets.smollm2 import RECORD_FILENAME, SMOLLM2_NAME
 
@@ -86,7 +86,7 @@ class HFTarget:
             )
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-        self._setup(model, tokenizer, name or _model_name(folder), folder)
+        self._setup(model, tokenizer, name or target_name_of(folder), folder)
 
     @classmethod
     def from_model(

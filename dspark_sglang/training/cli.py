@@ -162,10 +162,96 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        type=Path,
+        help="a DSpark/DFlash checkpoint: a training run's out_dir (latest step), a "
+        "step-NNNNNN folder or its drafter/ folder",
+    )
+    p.add_argument("--to", required=True, type=Path, help="folder to write (config + weights)")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="stored precision of the weights (default bfloat16: half the size; loading "
+        "casts back to float32)",
+    )
+    p.add_argument(
+        "--sts",
+        type=Path,
+        default=None,
+        help="STS calibration JSON to ship beside the weights as sts.json (validated)",
+    )
+    p.add_argument(
+        "--target",
+        default="smollm2",
+        help="target the drafter belongs to: 'smollm2' or an HF model folder (default smollm2)",
+    )
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Checked copy of a trained drafter for shipping: loads it against its target
+    (refusing any mismatch), re-saves it at ``--dtype`` and validates the STS file."""
+    import shutil
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dspark_sglang.bench.acceptance import resolve_checkpoint
+    from dspark_sglang.calibration.sts import load_sts
+    from dspark_sglang.model.checkpoint import CheckpointError, load_drafter, save_drafter
+    from dspark_sglang.model.config import TargetSpec
+    from dspark_sglang.targets.hf_target import target_name_of
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+    try:
+        ckpt = resolve_checkpoint("--from", args.source)
+        if ckpt.kind == "ar":
+            raise ValueError(
+                f"--from {args.source}: an EAGLE3-style AR drafter; export ships DSpark/DFlash "
+                "drafters (the SGLang DSPARK_MOE model class)"
+            )
+        sts = load_sts(args.sts) if args.sts is not None else None
+        if sts is not None and sts.block_size != ckpt.block_size:
+            raise ValueError(
+                f"--sts has {sts.block_size} temperatures but the drafter's block size is "
+                f"{ckpt.block_size}; fit STS on this drafter's rollouts"
+            )
+        path = ensure_smollm2() if args.target == "smollm2" else Path(args.target)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+        spec = TargetSpec.from_hf_config(model.config, name=target_name_of(path))
+        drafter = load_drafter(
+            ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
+        )
+    except (ValueError, FileNotFoundError, CheckpointError) as exc:
+        print(f"export-drafter: error: {exc}", file=sys.stderr)
+        return 2
+    if args.to.exists():
+        shutil.rmtree(args.to)
+    save_drafter(drafter, args.to, dtype=getattr(torch, args.dtype))
+    if args.sts is not None:
+        shutil.copyfile(args.sts, args.to / "sts.json")
+    size = sum(f.stat().st_size for f in args.to.iterdir())
+    print(f"exported {ckpt.kind} drafter {ckpt.folder} -> {args.to} ({size / 2**20:.1f} MiB)")
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "train": (
         "Generate training data with the target and train a drafter (DSpark, DFlash, EAGLE3).",
         _add_args,
         _run,
+    ),
+    "export-drafter": (
+        "Ship a trained DSpark drafter: check it against its target, store it in bfloat16, "
+        "add its STS file.",
+        _export_args,
+        _export,
     ),
 }

@@ -66,6 +66,29 @@ def test_round_trip_is_bit_exact(
         assert torch.equal(pa.confidence_logits, pb.confidence_logits)
 
 
+def test_bfloat16_export_halves_the_file_and_loads_as_float32(
+    tmp_path: Path,
+    make_drafter: Callable[..., DSparkDrafter],
+    tiny_target: TargetSpec,
+    make_target_modules: Modules,
+) -> None:
+    drafter = make_drafter()
+    full = save_drafter(drafter, tmp_path / "fp32")
+    half = save_drafter(drafter, tmp_path / "bf16", dtype=torch.bfloat16)
+    stored = load_file(str(half / "model.safetensors"))
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.bfloat16}
+    size = (half / "model.safetensors").stat().st_size
+    assert size < 0.55 * (full / "model.safetensors").stat().st_size
+    emb, head = make_target_modules()
+    loaded = load_drafter(half, tiny_target, emb, head, block_size=7)
+    for name, p in loaded.state_dict().items():
+        ref = drafter.state_dict()[name]
+        assert p.dtype == ref.dtype  # cast back to the module's precision on load
+        assert torch.equal(p, ref.to(torch.bfloat16).to(ref.dtype)), name
+    with pytest.raises(ValueError, match="floating dtype"):
+        save_drafter(drafter, tmp_path / "int", dtype=torch.int8)
+
+
 @pytest.fixture
 def saved(tmp_path: Path, make_drafter: Callable[..., DSparkDrafter]) -> Path:
     return save_drafter(make_drafter(), tmp_path / "ckpt")

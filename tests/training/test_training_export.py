@@ -1,0 +1,73 @@
+"""`dspark-sglang export-drafter`: a trained run becomes a shippable bfloat16 folder + STS."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_training_trainer import _tiny_cfg, _trainer
+from transformers import AutoModelForCausalLM
+
+from dspark_sglang.calibration.sts import StsCalibration
+from dspark_sglang.cli import main
+from dspark_sglang.model.checkpoint import load_drafter
+from dspark_sglang.model.config import TargetSpec
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "dspark"
+    torch.set_num_threads(1)
+    _trainer(_tiny_cfg("dspark", tiny_data_dir, out, steps=2), tiny_data_dir).train(progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target_dir(tiny_target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny target under the name the tiny run was trained for ("tiny")."""
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    shutil.copytree(tiny_target_dir, path)
+    return path
+
+
+def _sts(path: Path, block: int) -> Path:
+    StsCalibration(temperatures=tuple(1.0 + 0.1 * k for k in range(block))).save(path)
+    return path
+
+
+def test_export_ships_bf16_weights_and_the_sts_file(
+    tiny_run: Path, target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "shipped"
+    sts = _sts(tmp_path / "sts.json", 4)
+    argv = ["export-drafter", "--from", str(tiny_run), "--to", str(out)]
+    rc = main([*argv, "--sts", str(sts), "--target", str(target_dir)])
+    assert rc == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "sts.json"]
+    assert json.loads((out / "sts.json").read_text()) == json.loads(sts.read_text())
+    stored = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.bfloat16}
+    # Loads against the target and equals the latest training checkpoint rounded to bf16.
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir))
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    shipped = load_drafter(out, spec, emb, head)
+    latest = load_drafter(tiny_run / "checkpoints" / "step-000002" / "drafter", spec, emb, head)
+    for name, t in latest.state_dict().items():
+        assert torch.equal(shipped.state_dict()[name], t.to(torch.bfloat16).to(t.dtype)), name
+
+
+def test_export_refuses_mismatched_sts_and_missing_target(
+    tiny_run: Path, target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "shipped"
+    base = ["export-drafter", "--from", str(tiny_run), "--to", str(out)]
+    rc = main([*base, "--sts", str(_sts(tmp_path / "s7.json", 7)), "--target", str(target_dir)])
+    assert rc == 2 and "--sts has 7 temperatures" in capsys.readouterr().err
+    rc = main([*base, "--target", str(tmp_path / "nope")])
+    assert rc == 2 and "--target" in capsys.readouterr().err
+    assert not out.exists()
