@@ -126,11 +126,15 @@ def _build_policy(args: argparse.Namespace) -> Any:
 
 
 def _sts(args: argparse.Namespace) -> Any:
-    if args.sts is None:
-        return None
+    """``--sts``, else the drafter's own ``sts.json`` (shipped beside the weights), else T = 1."""
     from dspark_sglang.calibration.sts import load_sts
 
-    return load_sts(args.sts).temperatures
+    path = args.sts
+    if path is None:
+        drafter_dir = args.drafter if args.drafter is not None else DEFAULT_DRAFTER_DIR
+        shipped = Path(drafter_dir) / "sts.json"
+        path = shipped if shipped.is_file() else None
+    return None if path is None else load_sts(path).temperatures
 
 
 def _common_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:

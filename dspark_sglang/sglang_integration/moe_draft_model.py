@@ -297,6 +297,9 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
         loaded: set[str] = set()
         unexpected: list[str] = []
+        from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+        tp_size = get_tensor_model_parallel_world_size()
         for name, tensor in weights:
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise CheckpointError(
@@ -315,7 +318,11 @@ class DSparkMoEDraftModel(DSparkDraftModel):
                 unexpected.append(name)
                 continue
             if shard is None:
-                if tuple(param.shape) != tuple(tensor.shape):
+                # Under TP, SGLang's parallel layers hold this rank's slice and their
+                # weight_loader narrows the full tensor and checks the slice's shape;
+                # everything else (and every tensor at TP 1) is checked here.
+                sharded = tp_size > 1 and hasattr(param, "weight_loader")
+                if not sharded and tuple(param.shape) != tuple(tensor.shape):
                     raise CheckpointError(
                         f"draft tensor {name!r} has shape {tuple(tensor.shape)}, the model built "
                         f"from config.json needs {tuple(param.shape)}; the weights do not match "
