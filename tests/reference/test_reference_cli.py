@@ -24,7 +24,12 @@ _TRAINED = (DEFAULT_DRAFTER_DIR / "config.json").is_file()
 
 
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """Child processes, minus Python's multiprocessing resource tracker (started on
+    first use, it serves this process until exit; not an engine process)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {p.pid for p in psutil.Process().children(recursive=True)} - {tracker}
 
 
 def _search(pattern: str, text: str) -> re.Match[str]:

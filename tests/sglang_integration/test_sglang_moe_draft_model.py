@@ -57,14 +57,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def sglang_runtime() -> None:
-    """SGLang's single-process tp=1 setup (its layers need the parallel groups)."""
+def sglang_runtime() -> Iterator[None]:
+    """SGLang's single-process tp=1 setup (its layers need the parallel groups).
+
+    Torn down afterwards: the topology is stamped process-wide, and a later engine
+    start with ``tp_size=2`` in the same pytest process must not see it.
+    """
     os.environ.setdefault("SGLANG_RAGGED_VERIFY_MODE", "cap-accept")
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    if not torch.distributed.is_initialized():
+    own_dist = not torch.distributed.is_initialized()
+    if own_dist:
         parallel_state.init_distributed_environment(
             world_size=1,
             rank=0,
@@ -72,7 +77,8 @@ def sglang_runtime() -> None:
             backend="gloo",
             distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
         )
-    if not parallel_state.model_parallel_is_initialized():
+    own_groups = not parallel_state.model_parallel_is_initialized()
+    if own_groups:
         reset_context()
         publish(
             ServerArgs(model_path="dummy", device="cpu"),
@@ -81,6 +87,12 @@ def sglang_runtime() -> None:
         )
         get_parallel().override_permanently(world_group=parallel_state._WORLD)
         parallel_state.initialize_model_parallel(backend="gloo")
+    yield
+    if own_groups:
+        parallel_state.destroy_model_parallel()
+        reset_context()
+    if own_dist:
+        parallel_state.destroy_distributed_environment()
 
 
 def _config(**overrides: Any) -> DSparkConfig:
