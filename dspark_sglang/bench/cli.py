@@ -1,4 +1,4 @@
-"""``dspark-sglang bench <benchmark>``: offline benchmarks (today: ``acceptance``).
+"""``dspark-sglang bench <benchmark>``: ``acceptance`` and ``sim-validation``.
 
 ``bench acceptance`` reproduces the DSpark paper's offline comparison on the
 CPU target: every ``--drafter NAME=PATH`` decodes the first ``--num-prompts``
@@ -142,8 +142,9 @@ def _add_acceptance_arguments(a: argparse.ArgumentParser) -> None:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.description = (
-        "Offline benchmarks on the reference generator. Run "
-        "`dspark-sglang bench acceptance --help` for the drafter comparison."
+        "Benchmarks. `bench acceptance`: drafters compared on the reference generator; "
+        "`bench sim-validation`: the serving simulator against a live SGLang server on CPU. "
+        "Each has its own --help."
     )
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     a = sub.add_parser(
@@ -155,6 +156,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     _add_acceptance_arguments(a)
     a.set_defaults(_bench=_run_acceptance)
+    v = sub.add_parser(
+        "sim-validation",
+        help=_SIMVAL_HELP,
+        description=_SIMVAL_DESCRIPTION,
+        epilog=_SIMVAL_EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    _add_simval_arguments(v)
+    v.set_defaults(_bench=_run_simval)
     p.set_defaults(_bench_parser=p)
 
 
@@ -377,9 +387,209 @@ def _run_acceptance(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Command] = {
     "bench": (
-        "Offline benchmarks on the reference generator (`bench acceptance`: accepted length "
-        "per round of several drafters on GSM8K, HumanEval, MT-Bench).",
+        "Benchmarks: `bench acceptance` (accepted length per round of several drafters on "
+        "GSM8K, HumanEval, MT-Bench) and `bench sim-validation` (simulator vs a live CPU "
+        "SGLang server).",
         _add_arguments,
         _run,
     ),
 }
+
+
+# --------------------------------------------------------------------------- sim-validation
+
+_SIMVAL_HELP = "Serving simulator vs a live SGLang server on CPU (issue 7, Must-show 2)."
+_SIMVAL_DESCRIPTION = """\
+Check the simulator's predictions against a real server. Starts SGLang's HTTP
+server on 127.0.0.1 (SmolLM2 target, DSPARK_MOE with the drafter, our static-k
+policy, radix cache off) unless --base-url points at one already running with the
+same settings, then:
+  1. profiles the server: decode step time at 1..max(concurrency) requests and
+     prefill time of a few real prompts -> an SGLang SpsCostTable of this server;
+  2. for each --concurrency runs a closed loop of real eval prompts (GSM8K,
+     HumanEval, MT-Bench, chat template, temperature 1, EOS ignored);
+  3. simulates the same load on that table, replaying --traces (acceptance of the
+     same drafter recorded by `bench acceptance --traces-dir`).
+Prints predicted vs measured throughput and per-user speed (p50, p90) with the
+relative error, writes a JSON (--out) and a PNG (--plot). The load never feeds
+the table: the prediction is out of sample. Timings on a shared machine are
+noisy; run it when nothing else is running.
+"""
+_SIMVAL_EPILOG = """\
+example (about 10 minutes on 2 cores):
+  dspark-sglang bench sim-validation --concurrency 1,2,4 --static-k 2
+"""
+_DEFAULT_TRACES = "benchmarks/results/traces/smollm2_dspark_{gsm8k,humaneval,mtbench}.jsonl"
+
+
+def _add_simval_arguments(v: argparse.ArgumentParser) -> None:
+    v.add_argument(
+        "--drafter",
+        type=Path,
+        default=None,
+        help="DSpark checkpoint folder served by DSPARK_MOE (default: the embedded SmolLM2 one)",
+    )
+    v.add_argument(
+        "--traces",
+        nargs="+",
+        default=None,
+        help=f"acceptance traces of that drafter (default: {_DEFAULT_TRACES})",
+    )
+    v.add_argument("--static-k", type=int, default=2, help="drafts verified per request and step")
+    v.add_argument("--concurrency", default="1,2,4", help="comma-separated closed-loop levels")
+    v.add_argument(
+        "--requests-per-client", type=int, default=4, help="requests per level = this x level"
+    )
+    v.add_argument("--max-new-tokens", type=int, default=64, help="output tokens per request")
+    v.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each eval set")
+    v.add_argument("--threads", type=int, default=1, help="OpenMP threads of the server")
+    v.add_argument("--base-url", default=None, help="use this running server instead")
+    v.add_argument("--seed", type=int, default=0, help="simulator seed")
+    v.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results/sim_validation.json"),
+        help="JSON: server profile, cost table, predicted and measured figures, errors",
+    )
+    v.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("benchmarks/results/sim_validation.png"),
+        help="PNG: predicted vs measured against concurrency",
+    )
+
+
+def _simval_settings(args: argparse.Namespace) -> Any:
+    from dspark_sglang.bench.sim_validation import ValidationSettings
+
+    try:
+        levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    except ValueError as exc:
+        raise BenchUsageError(
+            f"--concurrency {args.concurrency!r}: give comma-separated integers, e.g. 1,2,4"
+        ) from exc
+    if args.num_prompts < 1:
+        raise BenchUsageError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.threads < 1:
+        raise BenchUsageError(f"--threads must be >= 1, got {args.threads}")
+    try:
+        return ValidationSettings(
+            static_k=args.static_k,
+            concurrencies=levels,
+            requests_per_client=args.requests_per_client,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise BenchUsageError(f"bench sim-validation: {exc}") from exc
+
+
+def _simval_server_spec(
+    model_path: Path, drafter: Path, k: int, threads: int, workdir: Path
+) -> Any:
+    import json as _json
+
+    from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.sglang_integration.engine import CpuEngineSpec
+
+    block = int(_json.loads((drafter / "config.json").read_text())["dspark_config"]["block_size"])
+    cfg = workdir / "scheduler.yaml"
+    SchedulerConfig(block_size=block, policy="static", static_k=k, sla_name="sim-validation").save(
+        cfg
+    )
+    return CpuEngineSpec(
+        model_path=str(model_path),
+        overrides={
+            "speculative_algorithm": "DSPARK_MOE",
+            "speculative_draft_model_path": str(drafter),
+            "disable_radix_cache": True,
+            "log_level": "error",
+        },
+        env={"SGLANG_RAGGED_VERIFY_MODE": "cap-accept", "DSPARK_SCHEDULER_CONFIG": str(cfg)},
+        omp_threads=threads,
+    )
+
+
+def _run_simval(args: argparse.Namespace) -> int:
+    import contextlib
+    import datetime as _dt
+    import tempfile
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from dspark_sglang.bench.acceptance import load_eval_prompts
+    from dspark_sglang.bench.sim_validation import plot_report, run_validation, write_report
+    from dspark_sglang.planning.traces import load_traces_many
+    from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR, ensure_target_path
+    from dspark_sglang.sglang_integration.server import cpu_server
+    from dspark_sglang.targets.hf_target import HFTarget
+
+    console = Console()
+    try:
+        settings = _simval_settings(args)
+        drafter = (args.drafter or DEFAULT_DRAFTER_DIR).resolve()
+        if not (drafter / "config.json").is_file():
+            raise BenchUsageError(f"--drafter {drafter}: no config.json; pass a checkpoint folder")
+        trace_files = args.traces or [
+            f"benchmarks/results/traces/smollm2_dspark_{d}.jsonl" for d in _EVAL_SETS
+        ]
+        traces = load_traces_many(trace_files)
+        model_path = ensure_target_path(console)
+        target = HFTarget(model_path, num_threads=1)
+        by_set = load_eval_prompts(target, list(_EVAL_SETS), args.num_prompts)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"bench sim-validation: error: {exc}", file=sys.stderr)
+        return 2
+    # Interleave the sets so every level sees the same domain mix.
+    prompts: list[list[int]] = []
+    domains: list[str] = []
+    for i in range(args.num_prompts):
+        for name in _EVAL_SETS:
+            if i < len(by_set[name]):
+                prompts.append(by_set[name][i])
+                domains.append(name)
+    del target
+    with contextlib.ExitStack() as stack:
+        if args.base_url:
+            base_url = args.base_url.rstrip("/")
+        else:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dspark-simval-")))
+            spec = _simval_server_spec(model_path, drafter, settings.static_k, args.threads, tmp)
+            console.print(
+                f"starting SGLang server (DSPARK_MOE, {drafter.name}, static k={settings.static_k})"
+            )
+            base_url = stack.enter_context(cpu_server(spec, tmp / "server.log")).base_url
+        profile, table, points = run_validation(
+            base_url, prompts, domains, traces, settings, progress=console.print
+        )
+    table_out = Table(title="simulator vs live SGLang server (closed loop)")
+    for col in ("concurrency", "throughput live", "sim", "err", "p50 live", "sim", "err",
+                "p90 live", "sim", "err", "accept live", "sim"):  # fmt: skip
+        table_out.add_column(col, justify="right")
+    for p in points:
+        m, s, e = p.measured, p.predicted, p.to_dict()["error"]
+        table_out.add_row(
+            str(m.concurrency),
+            f"{m.throughput:.2f}", f"{s.throughput:.2f}", f"{e['throughput']:+.1%}",
+            f"{m.user_tps_p50:.2f}", f"{s.user_tps_p50:.2f}", f"{e['user_tps_p50']:+.1%}",
+            f"{m.user_tps_p90:.2f}", f"{s.user_tps_p90:.2f}", f"{e['user_tps_p90']:+.1%}",
+            f"{m.mean_accept_len:.2f}", f"{s.mean_accept_len:.2f}",
+        )  # fmt: skip
+    console.print(table_out)
+    meta = {
+        "benchmark": "sim-validation",
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "drafter": str(drafter),
+        "traces": [str(t) for t in trace_files],
+        "settings": {**settings.__dict__, "concurrencies": list(settings.concurrencies)},
+        "server": {
+            "base_url": args.base_url or "started here (127.0.0.1)",
+            "threads": args.threads,
+        },
+    }
+    write_report(args.out, profile, table, points, meta)
+    plot_report(args.plot, points, f"simulator vs live SGLang (CPU, static k={settings.static_k})")
+    console.print(f"wrote {args.out} and {args.plot}")
+    return 0

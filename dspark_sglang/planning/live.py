@@ -1,20 +1,57 @@
-"""Hook for validating the simulator against a live SGLang server (issue 7, Must-show #2).
+"""Validating the simulator against a live SGLang server (issue 7, Must-show 2).
 
-Not done yet: it needs the DSpark SGLang worker (issue 4) serving SmolLM2 on CPU. The
-plan: drive the server in closed loop at >= 3 concurrencies with the same length
-distribution, read throughput and per-request TPOT from the responses (or SGLang's
-``/metrics``), simulate the same configuration with the server's recorded acceptance
-traces and its profiled cost table, and report ``prediction_error`` per quantity
-(target <= 15 %). ``prediction_error`` is ready; ``measure_live_server`` is the hook.
+Why: the planner sizes deployments from simulated throughput and per-user speed; a
+simulator that is not checked against a real server could be confidently wrong.
+
+The check has three independent measurements of one running server:
+
+1. Step cost (``profile_server``): ``n`` identical requests decoded together give one
+   streamed chunk per engine step, so the median gap between chunks while all ``n``
+   are running is the step time at ``n`` requests (``b = n * (1 + k)`` batch tokens
+   under a static-``k`` policy); a lone request with ``max_new_tokens = 1`` gives the
+   prefill step time at ``b`` = its prompt length. Together they form an SGLang
+   ``SpsCostTable`` of this server (decode and prefill probes do not overlap in ``b``
+   as long as ``n_max * (1 + k)`` stays below the shortest probed prompt).
+2. Load (``closed_loop``): ``c`` clients each keep one streaming request in flight,
+   over a fixed request list, recording when every chunk arrived.
+3. Prediction (``simulate``): the same policy, request lengths and concurrency on
+   that table with acceptance replayed from recorded drafter traces.
+
+``summarise_load`` reads the load exactly as ``simulator._summarise`` reads a
+simulated run (same warm-up rule, same window, same per-user speed), so the error
+``predicted / measured - 1`` compares like with like. The load never feeds the
+table: the prediction is out of sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import http.client
+import json
+import statistics
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from dspark_sglang.planning.simulator import SimResult
 
-__all__ = ["LiveMeasurement", "measure_live_server", "prediction_error"]
+__all__ = [
+    "LiveMeasurement",
+    "LoadRun",
+    "RequestTimeline",
+    "ServerProfile",
+    "closed_loop",
+    "decode_step_time",
+    "prediction_error",
+    "profile_server",
+    "stream_generate",
+    "summarise_load",
+]
 
 
 @dataclass(frozen=True)
@@ -25,6 +62,10 @@ class LiveMeasurement:
     throughput: float
     user_tps_p50: float
     user_tps_p90: float
+    ttft_p50: float = float("nan")
+    mean_accept_len: float = float("nan")
+    completed: int = 0
+    window_s: float = float("nan")
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -49,14 +90,311 @@ def prediction_error(predicted: SimResult, measured: LiveMeasurement) -> dict[st
     }
 
 
-def measure_live_server(
-    base_url: str, concurrencies: list[int], num_requests: int
-) -> list[LiveMeasurement]:
-    """Closed-loop load test of a running DSpark SGLang server (NOT IMPLEMENTED YET).
+# --------------------------------------------------------------------------- one request
 
-    Waits on the SGLang worker integration (issue 4); until then the simulator's
-    predictions are unvalidated against a live engine.
+
+@dataclass(frozen=True)
+class RequestTimeline:
+    """One streamed request: when it was sent and when each chunk arrived.
+
+    ``tokens[i]`` is the cumulative number of output tokens after chunk ``i``
+    (SGLang's ``meta_info.completion_tokens``); ``times`` are ``time.perf_counter``
+    seconds. ``verify_ct`` is SGLang's count of speculative rounds (None without
+    speculation).
     """
-    raise NotImplementedError(
-        "live validation needs the DSpark SGLang CPU worker (issue 4); not implemented yet"
+
+    submit: float
+    times: tuple[float, ...]
+    tokens: tuple[int, ...]
+    verify_ct: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.times or len(self.times) != len(self.tokens):
+            raise ValueError(
+                "RequestTimeline needs one cumulative token count per chunk time, and at "
+                f"least one chunk; got {len(self.times)} times, {len(self.tokens)} counts"
+            )
+        if any(b < a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
+            raise ValueError("RequestTimeline.tokens must be cumulative (non-decreasing)")
+
+    @property
+    def first(self) -> float:
+        return self.times[0]
+
+    @property
+    def finish(self) -> float:
+        return self.times[-1]
+
+    @property
+    def output_tokens(self) -> int:
+        return self.tokens[-1]
+
+    def emitted_between(self, t0: float, t1: float) -> int:
+        """Output tokens whose chunk arrived in ``(t0, t1]``."""
+        prev = 0
+        n = 0
+        for t, c in zip(self.times, self.tokens, strict=True):
+            if t0 < t <= t1:
+                n += c - prev
+            prev = c
+        return n
+
+
+def stream_generate(
+    base_url: str,
+    input_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    seed: int | None = None,
+    timeout: float = 600.0,
+) -> RequestTimeline:
+    """One streaming ``/generate`` call that ignores EOS, timed chunk by chunk."""
+    url = urllib.parse.urlsplit(base_url)
+    sampling: dict[str, Any] = {
+        "max_new_tokens": int(max_new_tokens),
+        "ignore_eos": True,
+        "temperature": float(temperature),
+    }
+    if seed is not None:
+        sampling["sampling_seed"] = int(seed)
+    body = json.dumps(
+        {"input_ids": [int(t) for t in input_ids], "sampling_params": sampling, "stream": True}
     )
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    times: list[float] = []
+    tokens: list[int] = []
+    verify_ct: int | None = None
+    try:
+        submit = time.perf_counter()
+        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"/generate answered {resp.status}: {resp.read()[:500]!r}")
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            now = time.perf_counter()
+            meta = json.loads(payload).get("meta_info", {})
+            count = int(meta.get("completion_tokens", 0))
+            if tokens and count == tokens[-1]:
+                continue  # a chunk without new tokens (e.g. the final usage-only one)
+            times.append(now)
+            tokens.append(count)
+            if meta.get("spec_verify_ct") is not None:
+                verify_ct = int(meta["spec_verify_ct"])
+    finally:
+        conn.close()
+    return RequestTimeline(
+        submit=submit, times=tuple(times), tokens=tuple(tokens), verify_ct=verify_ct
+    )
+
+
+# --------------------------------------------------------------------------- load
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """A closed-loop run: timelines in submission order and when the steady state ended.
+
+    ``steady_end`` is the first finish after the last request was sent (from then on a
+    slot cannot be refilled: the simulator's end of run without ``drain``).
+    """
+
+    concurrency: int
+    timelines: tuple[RequestTimeline, ...]
+    steady_end: float
+
+
+def closed_loop(
+    send: Callable[[int], RequestTimeline], num_requests: int, concurrency: int
+) -> LoadRun:
+    """``concurrency`` clients keep one request each in flight until ``num_requests`` ran.
+
+    ``send(i)`` performs request ``i`` (blocking) and returns its timeline; requests
+    are handed out in order ``0 .. num_requests - 1``.
+    """
+    if concurrency < 1 or num_requests < concurrency:
+        raise ValueError(
+            f"closed_loop needs 1 <= concurrency <= num_requests, got {concurrency} and "
+            f"{num_requests}"
+        )
+    lock = threading.Lock()
+    state = {"next": 0}
+    results: list[RequestTimeline | None] = [None] * num_requests
+    finishes_after_last: list[float] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = state["next"]
+                if i >= num_requests or errors:
+                    return
+                state["next"] = i + 1
+            try:
+                tl = send(i)
+            except BaseException as exc:  # surfaced below: a lost request fails the run
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                results[i] = tl
+                if state["next"] >= num_requests:
+                    finishes_after_last.append(tl.finish)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(f"a request of the closed-loop run failed: {errors[0]!r}") from errors[0]
+    done = tuple(r for r in results if r is not None)
+    assert len(done) == num_requests
+    return LoadRun(concurrency=concurrency, timelines=done, steady_end=min(finishes_after_last))
+
+
+def summarise_load(run: LoadRun, warmup_fraction: float = 0.2) -> LiveMeasurement:
+    """The simulator's statistics (``simulator._summarise``) of a measured run.
+
+    Warm-up: the first ``floor(warmup_fraction * R)`` requests to finish; the window
+    runs from the last of their finishes to ``steady_end``; throughput = output tokens
+    whose chunks arrived in the window / its length. Per-user speed of each request
+    sent after the warm-up and done by ``steady_end``: ``(output - 1) / (finish - first
+    chunk)``; p90 is the speed 90 % of requests reach (10th percentile).
+    """
+    tls = run.timelines
+    n_req = len(tls)
+    warm = int(warmup_fraction * n_req)
+    finishes = sorted(tl.finish for tl in tls)
+    t0 = finishes[warm - 1] if warm else min(tl.submit for tl in tls)
+    t1 = run.steady_end
+    if t1 <= t0:
+        raise ValueError(
+            "the measured window after the warm-up is empty: send more requests than "
+            f"concurrency / (1 - warmup_fraction) (got {n_req} at {run.concurrency})"
+        )
+    emitted = sum(tl.emitted_between(t0, t1) for tl in tls)
+    # As the simulator: only requests done by the end of the steady state count (the
+    # tail, decoding in a shrinking batch, would look faster than steady state).
+    speeds = [
+        (tl.output_tokens - 1) / (tl.finish - tl.first)
+        for tl in tls[warm:]
+        if tl.output_tokens >= 2 and tl.first < tl.finish <= t1
+    ]
+    if not speeds:
+        raise ValueError("no request after the warm-up finished in the steady state")
+    ttft = [tl.first - tl.submit for tl in tls[warm:] if tl.first <= t1]
+    rounds = [tl.verify_ct for tl in tls if tl.verify_ct]
+    accept = (
+        sum(tl.output_tokens - 1 for tl in tls if tl.verify_ct) / sum(rounds)
+        if rounds
+        else float("nan")
+    )
+    return LiveMeasurement(
+        concurrency=run.concurrency,
+        throughput=emitted / (t1 - t0),
+        user_tps_p50=float(np.percentile(speeds, 50)),
+        user_tps_p90=float(np.percentile(speeds, 10)),
+        ttft_p50=float(np.percentile(ttft, 50)),
+        mean_accept_len=accept,
+        completed=len(speeds),
+        window_s=t1 - t0,
+    )
+
+
+# --------------------------------------------------------------------------- step cost
+
+
+def decode_step_time(timelines: Sequence[RequestTimeline], skip_chunks: int = 2) -> float:
+    """Median chunk gap while every one of ``timelines`` (sent together) was decoding.
+
+    The window starts after the latest of their first ``skip_chunks`` chunks (the
+    batch has formed) and ends at the earliest finish (the batch starts to shrink).
+    """
+    if not timelines:
+        raise ValueError("decode_step_time needs at least one timeline")
+    start = max(tl.times[min(skip_chunks, len(tl.times) - 1)] for tl in timelines)
+    end = min(tl.finish for tl in timelines)
+    gaps = [
+        b - a
+        for tl in timelines
+        for a, b in zip(tl.times, tl.times[1:], strict=False)
+        if a >= start and b <= end
+    ]
+    if len(gaps) < 3:
+        raise ValueError(
+            f"only {len(gaps)} chunk gaps while all {len(timelines)} requests decoded: "
+            "raise the probe's max_new_tokens"
+        )
+    return float(statistics.median(gaps))
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """Step times of one server: decode at ``n`` requests, prefill at ``p`` prompt tokens."""
+
+    verify_tokens_per_request: int  # 1 + k under a static-k policy
+    decode_seconds: dict[int, float] = field(default_factory=dict)
+    prefill_seconds: dict[int, float] = field(default_factory=dict)
+
+    def probes(self) -> list[tuple[int, float]]:
+        """``(batch tokens, steps per second)``, decode and prefill probes merged."""
+        pts = {n * self.verify_tokens_per_request: 1.0 / s for n, s in self.decode_seconds.items()}
+        overlap = set(pts) & set(self.prefill_seconds)
+        if overlap or (pts and self.prefill_seconds and max(pts) >= min(self.prefill_seconds)):
+            raise ValueError(
+                f"decode probes reach b = {max(pts)} tokens but a prefill probe starts at "
+                f"{min(self.prefill_seconds)}: one table cannot hold both; lower the largest "
+                "decode batch or lengthen the shortest prefill probe"
+            )
+        pts.update({p: 1.0 / s for p, s in self.prefill_seconds.items()})
+        return sorted(pts.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verify_tokens_per_request": self.verify_tokens_per_request,
+            "decode_seconds": {str(k): v for k, v in sorted(self.decode_seconds.items())},
+            "prefill_seconds": {str(k): v for k, v in sorted(self.prefill_seconds.items())},
+        }
+
+
+def profile_server(
+    send: Callable[[Sequence[int], int], RequestTimeline],
+    decode_prompt: Sequence[int],
+    batch_sizes: Sequence[int],
+    prefill_prompts: Sequence[Sequence[int]],
+    *,
+    verify_tokens_per_request: int,
+    decode_tokens: int = 32,
+    prefill_repeats: int = 3,
+) -> ServerProfile:
+    """Measure decode step time at each ``batch_sizes`` and prefill time per prompt.
+
+    ``send(input_ids, max_new_tokens)`` performs one streaming request. Decode: ``n``
+    copies of ``decode_prompt`` sent at once (the radix cache shares their prefix, so
+    all arrive within one step). Prefill: the median time to first token of a lone
+    request, ``prefill_repeats`` times per prompt; run the server with the radix cache
+    off, or repeats would hit the cached prompt and time nothing.
+    """
+    decode: dict[int, float] = {}
+    for n in batch_sizes:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            out = list(pool.map(lambda _: send(decode_prompt, decode_tokens), range(n)))
+        decode[n] = decode_step_time(out)
+    prefill: dict[int, float] = {}
+    for ids in prefill_prompts:
+        ttft = []
+        for _ in range(prefill_repeats):
+            tl = send(ids, 1)
+            ttft.append(tl.first - tl.submit)
+        prefill[len(ids)] = float(statistics.median(ttft))
+    return ServerProfile(verify_tokens_per_request, decode, prefill)

@@ -21,6 +21,9 @@ can call them directly.
    with per-request ``verify_lens`` from ``spec_info.ragged_verify_layout``.
 5. ``intel_amx`` is missing from SGLang's draft attention backend choices, so
    the draft falls back to CUDA-only flashinfer; we add it on CPU.
+6. Non-greedy verify calls the Triton ``chain_speculative_sampling_triton`` even
+   on SGLang's torch path; Triton has no CPU driver, so a temperature > 0 request
+   killed the scheduler. CPU tensors go to our port (``cpu_sampling``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from dspark_sglang.sglang_integration.cpu_sampling import TARGET as CHAIN_SAMPLING
+from dspark_sglang.sglang_integration.cpu_sampling import chain_sampling_cpu_tolerant
 
 logger = logging.getLogger(__name__)
 
@@ -132,5 +138,6 @@ def install() -> bool:
     HookRegistry.register(
         AMX_EXTEND_METADATA, amx_extend_metadata_for_chain_verify, HookType.AROUND
     )
+    HookRegistry.register(CHAIN_SAMPLING, chain_sampling_cpu_tolerant, HookType.AROUND)
     logger.info("dspark_sglang: CPU bridges registered")
     return True

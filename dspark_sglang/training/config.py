@@ -121,9 +121,13 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     aux_loss_weight: float = 0.01
+    # The Markov head is a low-rank token-transition table: each row only learns when
+    # its token occurs, so it lags the backbone at the backbone's rate.
+    markov_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _number("optim", "lr", self.lr, lo=1e-12, hi=1.0)
+        _number("optim", "markov_lr_scale", self.markov_lr_scale, lo=1e-6, hi=1000.0)
         _number("optim", "weight_decay", self.weight_decay)
         _number("optim", "beta1", self.beta1, hi=0.99999)
         _number("optim", "beta2", self.beta2, hi=0.99999)

@@ -292,17 +292,18 @@ class Trainer:
 
     def _make_optimizer(self, drafter: Drafter) -> tuple[torch.optim.Optimizer, Any]:
         o = self.cfg.optim
-        params = [p for p in drafter.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        opt = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": o.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=o.lr,
-            betas=(o.beta1, o.beta2),
-        )
+        named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
+        markov = [p for n, p in named if n.startswith("markov_head.")]
+        rest = [p for n, p in named if not n.startswith("markov_head.")]
+        groups: list[dict[str, Any]] = [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        if markov:
+            groups.append(
+                {"params": markov, "weight_decay": o.weight_decay, "lr": o.lr * o.markov_lr_scale}
+            )
+        opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.cfg))
         return opt, sched
 

@@ -188,3 +188,31 @@ def test_metrics_endpoint_serves_dspark_metrics(
         assert name in text, f"{name} missing from /metrics"
     rounds = re.search(r"^dspark_rounds_total(?:\{[^}]*\})? (\S+)$", text, re.M)
     assert rounds is not None and float(rounds.group(1)) > 0
+
+
+def test_sampled_requests_stream_through_the_live_load_client(
+    server: RunningServer, prompt_ids: list[list[int]]
+) -> None:
+    """Temperature 1 (SGLang's Triton chain sampler, our CPU port) under a closed loop.
+
+    Before the CPU port the first sampled request killed the scheduler. Every
+    request must stream all its tokens, one chunk per engine step at most.
+    """
+    from dspark_sglang.planning.live import closed_loop, stream_generate, summarise_load
+
+    n_new = 8
+    run = closed_loop(
+        lambda i: stream_generate(
+            server.base_url, prompt_ids[i % len(prompt_ids)], n_new, temperature=1.0
+        ),
+        num_requests=4,
+        concurrency=2,
+    )
+    for tl in run.timelines:
+        assert tl.output_tokens == n_new
+        assert tl.submit < tl.first <= tl.finish
+        assert all(b > a for a, b in zip(tl.tokens, tl.tokens[1:], strict=False))
+    live = summarise_load(run, warmup_fraction=0.0)
+    assert live.throughput > 0 and live.completed >= 1
+    # The server is still healthy: a greedy request after the sampled ones.
+    assert _complete(server, prompt_ids[0], 4)

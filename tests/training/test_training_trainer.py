@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig, load_config
 from dspark_sglang.training.dataset import HiddenCache
-from dspark_sglang.training.trainer import Trainer
+from dspark_sglang.training.trainer import Trainer, build_drafter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,3 +148,21 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     bad.write_text("name: x\nrun:\n  threads: 0\n")
     with pytest.raises(ValueError, match=r"bad\.yaml.*run\.threads"):
         load_config(bad)
+
+
+def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: Path) -> None:
+    cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path, steps=4, markov_lr_scale=5.0)
+    trainer = _trainer(cfg, tiny_data_dir)
+    drafter = build_drafter(
+        cfg, trainer.spec, trainer.hf_config, trainer.embed_tokens, trainer.lm_head, 3
+    )
+    opt, _ = trainer._make_optimizer(drafter)
+    markov_ids = {id(p) for n, p in drafter.named_parameters() if n.startswith("markov_head.")}
+    assert markov_ids, "a DSpark drafter has a Markov head"
+    by_group = [({id(p) for p in g["params"]}, g["lr"]) for g in opt.param_groups]
+    markov_groups = [(ids, lr) for ids, lr in by_group if ids & markov_ids]
+    assert len(markov_groups) == 1 and markov_groups[0][0] == markov_ids
+    others = {lr for ids, lr in by_group if not ids & markov_ids}
+    assert markov_groups[0][1] == pytest.approx(5.0 * max(others))
+    with pytest.raises(ValueError, match=r"optim\.markov_lr_scale"):
+        _tiny_cfg("dspark", tiny_data_dir, tmp_path, steps=1, markov_lr_scale=0.0)

@@ -1,0 +1,223 @@
+"""Simulator vs a live SGLang server: predicted and measured at several concurrencies.
+
+Why a benchmark and not a test: the figures are timings of a shared machine; the
+test suite checks the arithmetic (``planning.live``) and that the pieces talk to a
+real server, this module produces the numbers (``bench sim-validation``).
+
+Procedure (one server, static-``k`` policy so the verify budget is known):
+profile the server's decode and prefill step times into an ``SpsCostTable``, then
+for each concurrency run a closed-loop load of real eval prompts at temperature 1
+and simulate the same load on that table, replaying the drafter's recorded
+acceptance traces. The load never feeds the table, so the error is out of sample.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspark_sglang.planning.live import (
+    LiveMeasurement,
+    ServerProfile,
+    closed_loop,
+    prediction_error,
+    profile_server,
+    stream_generate,
+    summarise_load,
+)
+from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
+from dspark_sglang.planning.traces import AcceptanceTraces
+from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
+
+__all__ = ["ValidationPoint", "ValidationSettings", "pick_prefill_prompts", "run_validation"]
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """What to measure; see ``dspark-sglang bench sim-validation --help``."""
+
+    static_k: int
+    concurrencies: tuple[int, ...]
+    requests_per_client: int
+    max_new_tokens: int
+    warmup_fraction: float = 0.2
+    profile_decode_tokens: int = 32
+    prefill_probes: int = 5
+    sim_requests: int = 400
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.static_k < 1:
+            raise ValueError(f"static_k must be >= 1, got {self.static_k}")
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError(f"concurrencies must be >= 1, got {self.concurrencies}")
+        if self.requests_per_client < 2:
+            raise ValueError(
+                f"requests_per_client must be >= 2 (a warm-up and a measured request), "
+                f"got {self.requests_per_client}"
+            )
+        if self.max_new_tokens < 2:
+            raise ValueError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+
+    def num_requests(self, concurrency: int) -> int:
+        return self.requests_per_client * concurrency
+
+
+@dataclass(frozen=True)
+class ValidationPoint:
+    """One concurrency: what the simulator predicted, what the server did."""
+
+    predicted: SimResult
+    measured: LiveMeasurement
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.measured.concurrency,
+            "predicted": self.predicted.to_dict(),
+            "measured": self.measured.__dict__,
+            "error": prediction_error(self.predicted, self.measured),
+        }
+
+
+def pick_prefill_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[list[int]]:
+    """``count`` prompts spread over the length range (shortest .. longest), distinct lengths."""
+    by_len: dict[int, list[int]] = {}
+    for p in prompts:
+        by_len.setdefault(len(p), list(p))
+    lengths = sorted(by_len)
+    if count >= len(lengths):
+        return [by_len[n] for n in lengths]
+    idx = sorted({round(i * (len(lengths) - 1) / (count - 1)) for i in range(count)})
+    return [by_len[lengths[i]] for i in idx]
+
+
+def run_validation(
+    base_url: str,
+    prompts: Sequence[Sequence[int]],
+    domains: Sequence[str],
+    traces: AcceptanceTraces,
+    settings: ValidationSettings,
+    progress: Callable[[str], None] = print,
+) -> tuple[ServerProfile, SpsCostTable, list[ValidationPoint]]:
+    """Profile, load and simulate (see the module docstring)."""
+    from dspark_sglang.scheduling.policies import build_policy
+
+    if len(prompts) != len(domains) or not prompts:
+        raise ValueError("give one domain per prompt, and at least one prompt")
+    s = settings
+
+    def send(ids: Sequence[int], n: int) -> Any:
+        return stream_generate(base_url, ids, n, temperature=s.temperature)
+
+    max_c = max(s.concurrencies)
+    progress(
+        f"profiling decode steps at 1..{max_c} requests and prefill of {s.prefill_probes} prompts"
+    )
+    profile = profile_server(
+        send,
+        prompts[0],
+        list(range(1, max_c + 1)),
+        pick_prefill_prompts(prompts, s.prefill_probes),
+        verify_tokens_per_request=1 + s.static_k,
+        decode_tokens=s.profile_decode_tokens,
+    )
+    table = from_probes(profile.probes())
+    points: list[ValidationPoint] = []
+    for c in s.concurrencies:
+        n_req = s.num_requests(c)
+        progress(f"closed loop: concurrency {c}, {n_req} requests x {s.max_new_tokens} tokens")
+        run = closed_loop(lambda i: send(prompts[i % len(prompts)], s.max_new_tokens), n_req, c)
+        measured = summarise_load(run, s.warmup_fraction)
+        used = [prompts[i % len(prompts)] for i in range(n_req)]
+        used_domains = [domains[i % len(prompts)] for i in range(n_req)]
+        lengths = LengthDistribution(
+            prompt_tokens=tuple(len(p) for p in used),
+            output_tokens=(s.max_new_tokens,) * n_req,
+            source="the live run's prompts",
+        )
+        weights = {d: used_domains.count(d) / n_req for d in traces.domains}
+        predicted = simulate(
+            traces,
+            table,
+            build_policy("static", k=s.static_k),
+            lengths,
+            SimConfig(
+                mode="closed",
+                concurrency=c,
+                num_requests=max(s.sim_requests, n_req),
+                warmup_fraction=s.warmup_fraction,
+                prefill="separate",
+                domain_weights=weights,
+                seed=s.seed,
+            ),
+        )
+        points.append(ValidationPoint(predicted, measured))
+        err = prediction_error(predicted, measured)
+        progress(
+            f"  c={c}: throughput {measured.throughput:.2f} tok/s measured, "
+            f"{predicted.throughput:.2f} predicted ({err['throughput']:+.1%})"
+        )
+    return profile, table, points
+
+
+def write_report(
+    path: Path,
+    profile: ServerProfile,
+    table: SpsCostTable,
+    points: Sequence[ValidationPoint],
+    meta: dict[str, Any],
+) -> None:
+    """JSON with the profile, the table, every point and the worst absolute errors."""
+    errors = [prediction_error(p.predicted, p.measured) for p in points]
+    worst = {
+        k: max(abs(e[k]) for e in errors) for k in ("throughput", "user_tps_p50", "user_tps_p90")
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                **meta,
+                "server_profile": profile.to_dict(),
+                "cost_table": json.loads(table.to_json()),
+                "points": [p.to_dict() for p in points],
+                "max_abs_error": worst,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def plot_report(path: Path, points: Sequence[ValidationPoint], title: str) -> None:
+    """Predicted vs measured throughput and per-user speed against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = [p.measured.concurrency for p in points]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    pairs = [
+        ("throughput (output tok/s)", "throughput", "throughput"),
+        ("per-user speed p50 (tok/s)", "user_tps_p50", "user_tps_p50"),
+    ]
+    for ax, (label, sim_key, live_key) in zip(axes, pairs, strict=True):
+        ax.plot(cs, [getattr(p.measured, live_key) for p in points], "o-", label="measured (live)")
+        ax.plot(cs, [getattr(p.predicted, sim_key) for p in points], "s--", label="simulated")
+        ax.set_xlabel("concurrency (closed loop)")
+        ax.set_ylabel(label)
+        ax.set_xticks(cs)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
