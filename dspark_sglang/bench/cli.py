@@ -563,19 +563,18 @@ def _run_simval(args: argparse.Namespace) -> int:
         profile, table, points = run_validation(
             base_url, prompts, domains, traces, settings, progress=console.print
         )
-    table_out = Table(title="simulator vs live SGLang server (closed loop)")
-    for col in ("concurrency", "throughput live", "sim", "err", "p50 live", "sim", "err",
-                "p90 live", "sim", "err", "accept live", "sim"):  # fmt: skip
+    table_out = Table(title="simulator vs live SGLang server (closed loop): live / simulated")
+    for col in ("clients", "throughput tok/s", "per-user p50", "per-user p90", "accepted/round"):
         table_out.add_column(col, justify="right")
     for p in points:
         m, s, e = p.measured, p.predicted, p.to_dict()["error"]
         table_out.add_row(
             str(m.concurrency),
-            f"{m.throughput:.2f}", f"{s.throughput:.2f}", f"{e['throughput']:+.1%}",
-            f"{m.user_tps_p50:.2f}", f"{s.user_tps_p50:.2f}", f"{e['user_tps_p50']:+.1%}",
-            f"{m.user_tps_p90:.2f}", f"{s.user_tps_p90:.2f}", f"{e['user_tps_p90']:+.1%}",
-            f"{m.mean_accept_len:.2f}", f"{s.mean_accept_len:.2f}",
-        )  # fmt: skip
+            f"{m.throughput:.2f} / {s.throughput:.2f} ({e['throughput']:+.1%})",
+            f"{m.user_tps_p50:.2f} / {s.user_tps_p50:.2f} ({e['user_tps_p50']:+.1%})",
+            f"{m.user_tps_p90:.2f} / {s.user_tps_p90:.2f} ({e['user_tps_p90']:+.1%})",
+            f"{m.mean_accept_len:.2f} / {s.mean_accept_len:.2f}",
+        )
     console.print(table_out)
     meta = {
         "benchmark": "sim-validation",

@@ -74,3 +74,40 @@ def plain_engine(smollm2_path: Path) -> Iterator[Any]:
 
     with cpu_engine(CpuEngineSpec(model_path=str(smollm2_path))) as engine:
         yield engine
+
+
+def _shaped_seeded_drafter(target: Any, block_size: int = 4, sliding_window: int = 16) -> Any:
+    """A seeded random DSpark drafter whose drafts SGLang sometimes accepts.
+
+    Residual branches (attention ``o_proj``, expert and shared-expert ``down_proj``)
+    are scaled down 100x, so the block's hidden state stays close to the normed
+    input embedding: with SmolLM2's tied LM head slot 0 mostly proposes "the anchor
+    again", accepted whenever the target repeats a token, while attention, window
+    and MoE still shape every logit. 2 MoE layers, 4 experts (top 2), rank-32 Markov.
+    """
+    from dspark_sglang.model import DSparkConfig, DSparkDrafter
+
+    config = DSparkConfig.for_target(
+        target.spec,
+        mask_token_id=target.default_mask_token_id(),
+        num_hidden_layers=2,
+        block_size=block_size,
+        sliding_window=sliding_window,
+        num_experts=4,
+        num_experts_per_tok=2,
+        markov_rank=32,
+    )
+    torch.manual_seed(0)
+    model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.01)
+            layer.mlp.experts.down_proj.mul_(0.01)
+            layer.mlp.shared_expert.down_proj.weight.mul_(0.01)
+    return model
+
+
+@pytest.fixture(scope="session")
+def shaped_drafter() -> Any:
+    """``make(target, block_size=4, sliding_window=16)`` -> the shaped seeded drafter."""
+    return _shaped_seeded_drafter

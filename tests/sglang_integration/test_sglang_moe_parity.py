@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
+from dspark_sglang.model import DSparkDrafter, save_drafter
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -44,25 +43,8 @@ def target(smollm2_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def drafter(target: Any) -> DSparkDrafter:
-    config = DSparkConfig.for_target(
-        target.spec,
-        mask_token_id=target.default_mask_token_id(),
-        num_hidden_layers=2,
-        block_size=BLOCK,
-        sliding_window=WINDOW,
-        num_experts=4,
-        num_experts_per_tok=2,
-        markov_rank=32,
-    )
-    torch.manual_seed(0)
-    model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.01)
-            layer.mlp.experts.down_proj.mul_(0.01)
-            layer.mlp.shared_expert.down_proj.weight.mul_(0.01)
-    return model
+def drafter(target: Any, shaped_drafter: Any) -> DSparkDrafter:
+    return shaped_drafter(target, block_size=BLOCK, sliding_window=WINDOW)
 
 
 @pytest.fixture(scope="module")

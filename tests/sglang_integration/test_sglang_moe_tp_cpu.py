@@ -3,7 +3,7 @@
 Why: plain decoding with ``tp_size=2`` is covered by ``test_sglang_tp_cpu.py``;
 speculative decoding adds the drafter worker, the verify forward and the
 draft/target KV bookkeeping on top, each of which could assume one rank. The
-drafter is the shaped seeded one of ``test_sglang_moe_parity.py`` (residual
+drafter is the shaped seeded one of ``conftest.py`` (residual
 branches scaled down 100x so slot 0 often repeats the anchor and is accepted
 sometimes), saved with ``save_drafter`` and loaded by SGLang through the plugin.
 
@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
+from dspark_sglang.model import save_drafter
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -32,28 +31,15 @@ PROMPT_SUBSET = (0, 1, 4, 6)
 
 @pytest.fixture(scope="module")
 def tp2_moe_outputs(
-    smollm2_path: Path, prompt_ids: list[list[int]], tmp_path_factory: pytest.TempPathFactory
+    smollm2_path: Path,
+    prompt_ids: list[list[int]],
+    tmp_path_factory: pytest.TempPathFactory,
+    shaped_drafter: Any,
 ) -> list[dict[str, Any]]:
     from dspark_sglang.targets.hf_target import HFTarget
 
     target = HFTarget(smollm2_path)
-    config = DSparkConfig.for_target(
-        target.spec,
-        mask_token_id=target.default_mask_token_id(),
-        num_hidden_layers=2,
-        block_size=4,
-        sliding_window=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        markov_rank=32,
-    )
-    torch.manual_seed(0)
-    drafter = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
-    with torch.no_grad():
-        for layer in drafter.layers:
-            layer.self_attn.o_proj.weight.mul_(0.01)
-            layer.mlp.experts.down_proj.mul_(0.01)
-            layer.mlp.shared_expert.down_proj.weight.mul_(0.01)
+    drafter = shaped_drafter(target)
     folder = save_drafter(drafter, tmp_path_factory.mktemp("moe_tp2") / "draft")
     del drafter, target
     spec = CpuEngineSpec(
