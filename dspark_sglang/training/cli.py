@@ -232,14 +232,29 @@ def _export(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, CheckpointError) as exc:
         print(f"export-drafter: error: {exc}", file=sys.stderr)
         return 2
-    if args.to.exists():
-        shutil.rmtree(args.to)
+    if args.to.exists() and not args.to.is_dir():
+        print(f"export-drafter: error: --to {args.to} is a file; give a folder", file=sys.stderr)
+        return 2
+    # Replace what an export writes (a stale sts.json belongs to the old drafter) and
+    # keep anything else, e.g. the README that documents a shipped drafter.
+    for name in _EXPORTED_FILES:
+        (args.to / name).unlink(missing_ok=True)
     save_drafter(drafter, args.to, dtype=getattr(torch, args.dtype))
     if args.sts is not None:
         shutil.copyfile(args.sts, args.to / "sts.json")
-    size = sum(f.stat().st_size for f in args.to.iterdir())
-    print(f"exported {ckpt.kind} drafter {ckpt.folder} -> {args.to} ({size / 2**20:.1f} MiB)")
+    size = sum(
+        args.to.joinpath(n).stat().st_size for n in _EXPORTED_FILES if (args.to / n).is_file()
+    )
+    kept = sorted(p.name for p in args.to.iterdir() if p.name not in _EXPORTED_FILES)
+    print(
+        f"exported {ckpt.kind} drafter {ckpt.folder} -> {args.to} ({size / 2**20:.1f} MiB)"
+        + (f"; kept {', '.join(kept)}" if kept else "")
+    )
     return 0
+
+
+#: The files ``export-drafter`` owns in its destination folder.
+_EXPORTED_FILES = ("config.json", "model.safetensors", "sts.json")
 
 
 COMMANDS: dict[str, Command] = {

@@ -111,3 +111,10 @@ def _shaped_seeded_drafter(target: Any, block_size: int = 4, sliding_window: int
 def shaped_drafter() -> Any:
     """``make(target, block_size=4, sliding_window=16)`` -> the shaped seeded drafter."""
     return _shaped_seeded_drafter
+
+
+@pytest.fixture(scope="session")
+def hf_greedy_fn() -> Any:
+    """``hf_greedy`` as a fixture: test modules cannot import from conftest reliably
+    (several directories have a ``conftest`` module and pytest imports only one by name)."""
+    return hf_greedy

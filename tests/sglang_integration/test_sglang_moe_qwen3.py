@@ -44,7 +44,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import hf_greedy
 
 from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
@@ -140,8 +139,10 @@ def drafter(target: Any) -> DSparkDrafter:
 
 
 @pytest.fixture(scope="module")
-def hf_qwen3_reference(qwen3_path: Path, qwen3_prompt_ids: list[list[int]]) -> list[list[int]]:
-    return hf_greedy(qwen3_path, qwen3_prompt_ids, NEW_TOKENS)
+def hf_qwen3_reference(
+    qwen3_path: Path, qwen3_prompt_ids: list[list[int]], hf_greedy_fn: Any
+) -> list[list[int]]:
+    return list(hf_greedy_fn(qwen3_path, qwen3_prompt_ids, NEW_TOKENS))
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,26 @@ def test_export_ships_bf16_weights_and_the_sts_file(
         assert torch.equal(shipped.state_dict()[name], t.to(torch.bfloat16).to(t.dtype)), name
 
 
+def test_export_keeps_other_files_and_drops_a_stale_sts(
+    tiny_run: Path, target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "shipped"
+    out.mkdir()
+    (out / "README.md").write_text("provenance of the shipped drafter\n")
+    _sts(out / "sts.json", 4)  # from an earlier drafter
+    rc = main(
+        ["export-drafter", "--from", str(tiny_run), "--to", str(out), "--target", str(target_dir)]
+    )
+    assert rc == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
+    assert (out / "README.md").read_text() == "provenance of the shipped drafter\n"
+    assert "kept README.md" in capsys.readouterr().out
+
+
 def test_export_refuses_mismatched_sts_and_missing_target(
     tiny_run: Path, target_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

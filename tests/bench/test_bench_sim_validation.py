@@ -1,0 +1,70 @@
+"""`bench sim-validation`: bad input is refused before any server starts; helpers are sound.
+
+The full run (a live CPU server, minutes) is a benchmark, not a test: its output is
+committed as benchmarks/results/sim_validation.{json,png}. The client and summary code
+it uses are tested in tests/planning/test_planning_live.py and, against a real
+server, in tests/sglang_integration/test_sglang_moe_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark_sglang.bench.sim_validation import ValidationSettings, pick_prefill_prompts
+from dspark_sglang.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--concurrency", "1,x"], "--concurrency"),
+        (["--concurrency", "0,2"], "concurrencies must be >= 1"),
+        (["--requests-per-client", "1"], "requests_per_client must be >= 2"),
+        (["--static-k", "0"], "static_k must be >= 1"),
+        (["--threads", "0"], "--threads"),
+        (["--drafter", "/nonexistent/drafter"], "no config.json"),
+    ],
+)
+def test_bad_flags_are_refused_with_the_flag_named(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "sim-validation", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_prefill_probes_span_the_prompt_lengths() -> None:
+    prompts = [[0] * n for n in (40, 41, 55, 80, 80, 120, 200)]
+    picked = [len(p) for p in pick_prefill_prompts(prompts, 3)]
+    assert picked == [40, 55, 200]  # distinct lengths 40..200, evenly by rank
+    assert [len(p) for p in pick_prefill_prompts(prompts, 10)] == [40, 41, 55, 80, 120, 200]
+    s = ValidationSettings(
+        static_k=2, concurrencies=(1, 4), requests_per_client=3, max_new_tokens=8
+    )
+    assert s.num_requests(4) == 12
+
+
+def test_committed_validation_is_consistent() -> None:
+    """The committed run (issue 7, Must-show 2): >= 3 levels, each error as stated.
+
+    Whether the errors meet the 15 % aim is a measured figure (README of the run),
+    not something CI re-measures.
+    """
+    data = json.loads((REPO / "benchmarks/results/sim_validation.json").read_text())
+    levels = [p["concurrency"] for p in data["points"]]
+    assert len(set(levels)) >= 3
+    for p in data["points"]:
+        for key in ("throughput", "user_tps_p50", "user_tps_p90"):
+            measured = p["measured"][key]
+            predicted = p["predicted"][key]
+            assert p["error"][key] == pytest.approx(predicted / measured - 1.0)
+            assert measured > 0 and predicted > 0
+    # The table the prediction used came from the server profile, not from the load.
+    assert (
+        data["cost_table"]["sample_batch_tokens"][0]
+        == data["server_profile"]["verify_tokens_per_request"]
+    )
