@@ -76,26 +76,33 @@ def plain_engine(smollm2_path: Path) -> Iterator[Any]:
         yield engine
 
 
-def _shaped_seeded_drafter(target: Any, block_size: int = 4, sliding_window: int = 16) -> Any:
+def _shaped_seeded_drafter(
+    target: Any,
+    block_size: int = 4,
+    sliding_window: int = 16,
+    num_hidden_layers: int = 2,
+    markov_rank: int = 32,
+) -> Any:
     """A seeded random DSpark drafter whose drafts SGLang sometimes accepts.
 
     Residual branches (attention ``o_proj``, expert and shared-expert ``down_proj``)
     are scaled down 100x, so the block's hidden state stays close to the normed
     input embedding: with SmolLM2's tied LM head slot 0 mostly proposes "the anchor
     again", accepted whenever the target repeats a token, while attention, window
-    and MoE still shape every logit. 2 MoE layers, 4 experts (top 2), rank-32 Markov.
+    and MoE still shape every logit. 4 experts (top 2); by default 2 MoE layers and a
+    rank-32 Markov head.
     """
     from dspark_sglang.model import DSparkConfig, DSparkDrafter
 
     config = DSparkConfig.for_target(
         target.spec,
         mask_token_id=target.default_mask_token_id(),
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers,
         block_size=block_size,
         sliding_window=sliding_window,
         num_experts=4,
         num_experts_per_tok=2,
-        markov_rank=32,
+        markov_rank=markov_rank,
     )
     torch.manual_seed(0)
     model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
@@ -109,8 +116,57 @@ def _shaped_seeded_drafter(target: Any, block_size: int = 4, sliding_window: int
 
 @pytest.fixture(scope="session")
 def shaped_drafter() -> Any:
-    """``make(target, block_size=4, sliding_window=16)`` -> the shaped seeded drafter."""
+    """``make(target, block_size=4, sliding_window=16, ...)`` -> the shaped seeded drafter."""
     return _shaped_seeded_drafter
+
+
+def _verify_all_engine_outputs(
+    model_path: Path, drafter: Any, workdir: Path, prompts: list[list[int]], n: int
+) -> list[dict[str, Any]]:
+    """``drafter`` saved with ``save_drafter`` and run by DSPARK_MOE, every slot verified."""
+    from dspark_sglang.model import save_drafter
+    from dspark_sglang.sglang_integration.engine import (
+        CpuEngineSpec,
+        cpu_engine,
+        generate_outputs,
+    )
+
+    folder = save_drafter(drafter, workdir / "draft")
+    spec = CpuEngineSpec(
+        model_path=str(model_path),
+        overrides={
+            "speculative_algorithm": "DSPARK_MOE",
+            "speculative_draft_model_path": str(folder),
+        },
+        # Verify every drafted slot, as ReferenceGenerator's VerifyAll does.
+        env={"SGLANG_RAGGED_VERIFY_MODE": "static"},
+    )
+    with cpu_engine(spec) as engine:
+        return generate_outputs(engine, prompts, n)
+
+
+def _greedy_verify_all_reference(
+    target: Any, drafter: Any, prompts: list[list[int]], n: int
+) -> Any:
+    """``ReferenceGenerator`` greedy + ``VerifyAll``: what SGLang's counts must equal."""
+    from dspark_sglang.reference.generator import ReferenceGenerator
+    from dspark_sglang.sampling import SamplingParams
+    from dspark_sglang.scheduling.policies import VerifyAll
+
+    gen = ReferenceGenerator(target, drafter, VerifyAll(), sampling=SamplingParams(temperature=0.0))
+    return gen.generate(prompts, n)
+
+
+@pytest.fixture(scope="session")
+def verify_all_engine_outputs() -> Any:
+    """``run(model_path, drafter, workdir, prompts, n)`` -> DSPARK_MOE outputs (meta_info)."""
+    return _verify_all_engine_outputs
+
+
+@pytest.fixture(scope="session")
+def greedy_verify_all_reference() -> Any:
+    """``run(target, drafter, prompts, n)`` -> the reference generator's greedy result."""
+    return _greedy_verify_all_reference
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from dspark_sglang.model import DSparkDrafter, save_drafter
-from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
+from dspark_sglang.model import DSparkDrafter
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -53,28 +52,20 @@ def sglang_outputs(
     prompt_ids: list[list[int]],
     drafter: DSparkDrafter,
     tmp_path_factory: pytest.TempPathFactory,
+    verify_all_engine_outputs: Any,
 ) -> list[dict[str, Any]]:
-    folder = save_drafter(drafter, tmp_path_factory.mktemp("moe_parity") / "draft")
-    spec = CpuEngineSpec(
-        model_path=str(smollm2_path),
-        overrides={
-            "speculative_algorithm": "DSPARK_MOE",
-            "speculative_draft_model_path": str(folder),
-        },
-        env={"SGLANG_RAGGED_VERIFY_MODE": "static"},
-    )
-    with cpu_engine(spec) as engine:
-        return generate_outputs(engine, prompt_ids, NEW_TOKENS)
+    workdir = tmp_path_factory.mktemp("moe_parity")
+    return list(verify_all_engine_outputs(smollm2_path, drafter, workdir, prompt_ids, NEW_TOKENS))
 
 
 @pytest.fixture(scope="module")
-def reference(target: Any, drafter: DSparkDrafter, prompt_ids: list[list[int]]) -> Any:
-    from dspark_sglang.reference.generator import ReferenceGenerator
-    from dspark_sglang.sampling import SamplingParams
-    from dspark_sglang.scheduling.policies import VerifyAll
-
-    gen = ReferenceGenerator(target, drafter, VerifyAll(), sampling=SamplingParams(temperature=0.0))
-    return gen.generate(prompt_ids, NEW_TOKENS)
+def reference(
+    target: Any,
+    drafter: DSparkDrafter,
+    prompt_ids: list[list[int]],
+    greedy_verify_all_reference: Any,
+) -> Any:
+    return greedy_verify_all_reference(target, drafter, prompt_ids, NEW_TOKENS)
 
 
 def test_greedy_output_is_the_targets(

@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 import torch
 
-from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
+from dspark_sglang.model import DSparkDrafter
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -116,25 +116,12 @@ def target(qwen3_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def drafter(target: Any) -> DSparkDrafter:
-    config = DSparkConfig.for_target(
-        target.spec,
-        mask_token_id=target.default_mask_token_id(),
-        num_hidden_layers=1,
-        block_size=BLOCK,
-        sliding_window=WINDOW,
-        num_experts=4,
-        num_experts_per_tok=2,
-        markov_rank=16,
+def drafter(target: Any, shaped_drafter: Any) -> DSparkDrafter:
+    model = shaped_drafter(
+        target, block_size=BLOCK, sliding_window=WINDOW, num_hidden_layers=1, markov_rank=16
     )
+    config = model.config
     assert config.head_dim * config.num_attention_heads != config.hidden_size  # Qwen3-shaped
-    torch.manual_seed(0)
-    model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.01)
-            layer.mlp.experts.down_proj.mul_(0.01)
-            layer.mlp.shared_expert.down_proj.weight.mul_(0.01)
     return model
 
 
@@ -158,30 +145,23 @@ def dspark_outputs(
     drafter: DSparkDrafter,
     tmp_path_factory: pytest.TempPathFactory,
     plain_outputs: list[dict[str, Any]],
+    verify_all_engine_outputs: Any,
 ) -> list[dict[str, Any]]:
     del plain_outputs  # only orders the engines: one at a time on a small machine
-    folder = save_drafter(drafter, tmp_path_factory.mktemp("qwen3_draft") / "draft")
-    spec = CpuEngineSpec(
-        model_path=str(qwen3_path),
-        overrides={
-            "speculative_algorithm": "DSPARK_MOE",
-            "speculative_draft_model_path": str(folder),
-        },
-        # Verify every drafted slot, as ReferenceGenerator's VerifyAll does.
-        env={"SGLANG_RAGGED_VERIFY_MODE": "static"},
+    workdir = tmp_path_factory.mktemp("qwen3_draft")
+    return list(
+        verify_all_engine_outputs(qwen3_path, drafter, workdir, qwen3_prompt_ids, NEW_TOKENS)
     )
-    with cpu_engine(spec) as engine:
-        return generate_outputs(engine, qwen3_prompt_ids, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def reference(target: Any, drafter: DSparkDrafter, qwen3_prompt_ids: list[list[int]]) -> Any:
-    from dspark_sglang.reference.generator import ReferenceGenerator
-    from dspark_sglang.sampling import SamplingParams
-    from dspark_sglang.scheduling.policies import VerifyAll
-
-    gen = ReferenceGenerator(target, drafter, VerifyAll(), sampling=SamplingParams(temperature=0.0))
-    return gen.generate(qwen3_prompt_ids, NEW_TOKENS)
+def reference(
+    target: Any,
+    drafter: DSparkDrafter,
+    qwen3_prompt_ids: list[list[int]],
+    greedy_verify_all_reference: Any,
+) -> Any:
+    return greedy_verify_all_reference(target, drafter, qwen3_prompt_ids, NEW_TOKENS)
 
 
 def test_plain_sglang_qwen3_is_hf_greedy(
