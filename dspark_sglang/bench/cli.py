@@ -487,16 +487,17 @@ def _simval_settings(args: argparse.Namespace) -> Any:
 def _simval_server_spec(
     model_path: Path, drafter: Path, k: int, threads: int, workdir: Path
 ) -> Any:
-    import json as _json
-
     from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.sglang_integration.demo import _drafter_block_size, scheduler_env
     from dspark_sglang.sglang_integration.engine import CpuEngineSpec
 
-    block = int(_json.loads((drafter / "config.json").read_text())["dspark_config"]["block_size"])
     cfg = workdir / "scheduler.yaml"
-    SchedulerConfig(block_size=block, policy="static", static_k=k, sla_name="sim-validation").save(
-        cfg
-    )
+    SchedulerConfig(
+        block_size=_drafter_block_size(drafter),
+        policy="static",
+        static_k=k,
+        sla_name="sim-validation",
+    ).save(cfg)
     return CpuEngineSpec(
         model_path=str(model_path),
         overrides={
@@ -505,7 +506,7 @@ def _simval_server_spec(
             "disable_radix_cache": True,
             "log_level": "error",
         },
-        env={"SGLANG_RAGGED_VERIFY_MODE": "cap-accept", "DSPARK_SCHEDULER_CONFIG": str(cfg)},
+        env=scheduler_env(cfg),
         omp_threads=threads,
     )
 
