@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import EOS, PAD, TINY_LAYER_IDS, tiny_llama, tiny_prompts
+from tiny_training_target import EOS, PAD, TINY_LAYER_IDS, tiny_llama, tiny_prompts
 
 from dspark_sglang.training.datagen import (
     HIDDEN_DIR,

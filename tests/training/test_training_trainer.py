@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_LAYER_IDS, tiny_llama
 from safetensors.torch import load_file
+from tiny_training_target import TINY_LAYER_IDS, tiny_llama
 
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig, load_config
