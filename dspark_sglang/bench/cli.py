@@ -568,7 +568,7 @@ def _run_simval(args: argparse.Namespace) -> int:
     for col in ("clients", "throughput tok/s", "per-user p50", "per-user p90", "accepted/round"):
         table_out.add_column(col, justify="right")
     for p in points:
-        m, s, e = p.measured, p.predicted, p.to_dict()["error"]
+        m, s, e = p.measured, p.predicted, p.error
         table_out.add_row(
             str(m.concurrency),
             f"{m.throughput:.2f} / {s.throughput:.2f} ({e['throughput']:+.1%})",

@@ -77,12 +77,17 @@ class ValidationPoint:
     predicted: SimResult
     measured: LiveMeasurement
 
+    @property
+    def error(self) -> dict[str, float]:
+        """Relative error of the prediction, per figure (see ``prediction_error``)."""
+        return prediction_error(self.predicted, self.measured)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "concurrency": self.measured.concurrency,
             "predicted": self.predicted.to_dict(),
             "measured": self.measured.__dict__,
-            "error": prediction_error(self.predicted, self.measured),
+            "error": self.error,
         }
 
 
@@ -159,7 +164,7 @@ def run_validation(
             ),
         )
         points.append(ValidationPoint(predicted, measured))
-        err = prediction_error(predicted, measured)
+        err = points[-1].error
         progress(
             f"  c={c}: throughput {measured.throughput:.2f} tok/s measured, "
             f"{predicted.throughput:.2f} predicted ({err['throughput']:+.1%})"
@@ -175,7 +180,7 @@ def write_report(
     meta: dict[str, Any],
 ) -> None:
     """JSON with the profile, the table, every point and the worst absolute errors."""
-    errors = [prediction_error(p.predicted, p.measured) for p in points]
+    errors = [p.error for p in points]
     worst = {
         k: max(abs(e[k]) for e in errors) for k in ("throughput", "user_tps_p50", "user_tps_p90")
     }
