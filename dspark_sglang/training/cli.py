@@ -38,6 +38,14 @@ def _add_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="use only the first N prompts of the mix (dry runs, sizing)",
     )
+    p.add_argument(
+        "--gen-batches",
+        type=int,
+        default=None,
+        help="time-box the data stage: generate at most N new response batches, then cache "
+        "the hidden states of every batch generated so far (0: cache only). Rerun without it "
+        "to generate the rest; training uses whatever batches are cached",
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="override data.dir")
     p.add_argument("--out-dir", type=Path, default=None, help="override run.out_dir")
     p.add_argument(
@@ -58,7 +66,13 @@ def load_target(cfg: TrainConfig):
     return HFTarget(path, num_threads=cfg.run.threads)
 
 
-def run_data_stage(cfg: TrainConfig, target, limit: int | None, progress: bool) -> dict[str, float]:
+def run_data_stage(
+    cfg: TrainConfig,
+    target,
+    limit: int | None,
+    progress: bool,
+    gen_batches: int | None = None,
+) -> dict[str, float]:
     """Prompts -> regenerated responses -> float16 hidden cache; returns throughput figures."""
     from dspark_sglang.data.evalsets import load_gsm8k_test, load_humaneval, load_mtbench
     from dspark_sglang.training.datagen import (
@@ -96,6 +110,7 @@ def run_data_stage(cfg: TrainConfig, target, limit: int | None, progress: bool) 
         settings,
         pad_token_id=pad,
         eos_token_ids=target.eos_token_ids,
+        max_batches=gen_batches,
         progress=progress,
     )
     layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
@@ -134,11 +149,13 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(run={"out_dir": str(args.out_dir.resolve())})
     if args.threads is not None:
         cfg = cfg.with_overrides(run={"threads": args.threads})
+    if args.gen_batches is not None and args.gen_batches < 0:
+        raise SystemExit(f"--gen-batches must be >= 0, got {args.gen_batches}")
     progress = not args.no_progress
     t0 = time.perf_counter()
     target = load_target(cfg)
     if args.stage in ("data", "all"):
-        run_data_stage(cfg, target, args.limit_prompts, progress)
+        run_data_stage(cfg, target, args.limit_prompts, progress, args.gen_batches)
     if args.stage in ("train", "all"):
         from dspark_sglang.training.dataset import HiddenCache
         from dspark_sglang.training.trainer import Trainer

@@ -140,3 +140,24 @@ def test_hidden_pass_is_resumable(tmp_path: Path, tiny_data_dir: Path) -> None:
     assert json.loads((root / "manifest.json").read_text())["layer_ids"] == list(TINY_LAYER_IDS)
     with pytest.raises(ValueError, match="layer_ids"):
         cache_hidden_states(model, work, (0, 1), progress=False)
+
+
+def test_time_boxed_data_stage_trains_on_what_exists_and_completes_later(
+    tmp_path: Path,
+) -> None:
+    # `train --stage data --gen-batches N`: generate N batches, cache them, train on them;
+    # a later run without the cap generates and caches only the rest, and leaves the
+    # first batches' shards byte-identical.
+    model, prompts = tiny_llama(), tiny_prompts(9)
+    kw = {"pad_token_id": PAD, "eos_token_ids": [EOS], "progress": False}
+    generate_responses(model, prompts, tmp_path, SETTINGS, max_batches=2, **kw)
+    cache_hidden_states(model, tmp_path, TINY_LAYER_IDS, pad_token_id=PAD, progress=False)
+    partial = HiddenCache(tmp_path)
+    assert len(partial) == 6
+    first = {e.shard: e.sha256 for e in read_index(tmp_path / HIDDEN_DIR).values()}
+    generate_responses(model, prompts, tmp_path, SETTINGS, **kw)
+    cache_hidden_states(model, tmp_path, TINY_LAYER_IDS, pad_token_id=PAD, progress=False)
+    full = {e.shard: e.sha256 for e in read_index(tmp_path / HIDDEN_DIR).values()}
+    assert len(HiddenCache(tmp_path)) == 9
+    assert {k: full[k] for k in first} == first
+    assert len(full) == 3
