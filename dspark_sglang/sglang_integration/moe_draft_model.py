@@ -297,9 +297,9 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
         loaded: set[str] = set()
         unexpected: list[str] = []
-        from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
+        from sglang.srt.runtime_context import get_parallel
 
-        tp_size = get_tensor_model_parallel_world_size()
+        tp_size = int(get_parallel().tp_size)
         for name, tensor in weights:
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise CheckpointError(
