@@ -256,8 +256,10 @@ def load_config(path: str | Path) -> TrainConfig:
     except yaml.YAMLError as exc:
         raise ValueError(f"{path} is not valid YAML: {exc}") from exc
     base = path.resolve().parent
-    if base.name == "configs":
-        base = base.parent
+    # Configs may live in subfolders (configs/ablations/): the root is above ``configs/``.
+    configs_dir = next((d for d in (base, *base.parents) if d.name == "configs"), None)
+    if configs_dir is not None:
+        base = configs_dir.parent
     try:
         return TrainConfig.from_dict(raw, base_dir=base)
     except (TypeError, ValueError) as exc:

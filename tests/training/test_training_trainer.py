@@ -124,7 +124,16 @@ def test_mismatched_cache_layers_are_refused(tiny_data_dir: Path, tmp_path: Path
         _trainer(cfg, tiny_data_dir)
 
 
-@pytest.mark.parametrize("name", ["dspark_smollm2", "dflash_smollm2", "eagle3_smollm2"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dspark_smollm2",
+        "dflash_smollm2",
+        "eagle3_smollm2",
+        "ablations/dspark_smollm2_1layer",
+        "ablations/dspark_smollm2_rnn",
+    ],
+)
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.drafter.block_size == 7 and cfg.anchors.block_size == 7
@@ -166,3 +175,23 @@ def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: P
     assert markov_groups[0][1] == pytest.approx(5.0 * max(others))
     with pytest.raises(ValueError, match=r"optim\.markov_lr_scale"):
         _tiny_cfg("dspark", tiny_data_dir, tmp_path, steps=1, markov_lr_scale=0.0)
+
+
+@pytest.mark.parametrize(
+    ("ablation", "field", "value"),
+    [
+        ("dspark_smollm2_1layer", "num_hidden_layers", 1),
+        ("dspark_smollm2_rnn", "markov_head_type", "rnn"),
+    ],
+)
+def test_ablation_configs_change_one_thing(ablation: str, field: str, value: object) -> None:
+    """An ablation is only readable if it differs from the shipped DSpark recipe in one knob."""
+    base = load_config(REPO / "configs" / "dspark_smollm2.yaml")
+    abl = load_config(REPO / "configs" / "ablations" / f"{ablation}.yaml")
+    assert abl.drafter.model[field] == value != base.drafter.model[field]
+    assert {k: v for k, v in abl.drafter.model.items() if k != field} == {
+        k: v for k, v in base.drafter.model.items() if k != field
+    }
+    for section in ("target", "data", "anchors", "loss", "optim"):
+        assert getattr(abl, section) == getattr(base, section), section
+    assert Path(abl.run.out_dir).name == ablation != Path(base.run.out_dir).name
