@@ -132,6 +132,7 @@ def test_mismatched_cache_layers_are_refused(tiny_data_dir: Path, tmp_path: Path
         "eagle3_smollm2",
         "ablations/dspark_smollm2_1layer",
         "ablations/dspark_smollm2_rnn",
+        "ablations/dspark_smollm2_1layer_r96",
     ],
 )
 def test_shipped_configs_load(name: str) -> None:
@@ -178,20 +179,28 @@ def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("ablation", "field", "value"),
+    ("ablation", "base", "field", "value"),
     [
-        ("dspark_smollm2_1layer", "num_hidden_layers", 1),
-        ("dspark_smollm2_rnn", "markov_head_type", "rnn"),
+        ("ablations/dspark_smollm2_1layer", "dspark_smollm2", "num_hidden_layers", 1),
+        ("ablations/dspark_smollm2_rnn", "dspark_smollm2", "markov_head_type", "rnn"),
+        (
+            "ablations/dspark_smollm2_1layer_r96",
+            "ablations/dspark_smollm2_1layer",
+            "markov_rank",
+            96,
+        ),
     ],
 )
-def test_ablation_configs_change_one_thing(ablation: str, field: str, value: object) -> None:
-    """An ablation is only readable if it differs from the shipped DSpark recipe in one knob."""
-    base = load_config(REPO / "configs" / "dspark_smollm2.yaml")
-    abl = load_config(REPO / "configs" / "ablations" / f"{ablation}.yaml")
-    assert abl.drafter.model[field] == value != base.drafter.model[field]
+def test_ablation_configs_change_one_thing(
+    ablation: str, base: str, field: str, value: object
+) -> None:
+    """An ablation is only readable if it differs from the recipe it is compared to in one knob."""
+    ref = load_config(REPO / "configs" / f"{base}.yaml")
+    abl = load_config(REPO / "configs" / f"{ablation}.yaml")
+    assert abl.drafter.model[field] == value != ref.drafter.model[field]
     assert {k: v for k, v in abl.drafter.model.items() if k != field} == {
-        k: v for k, v in base.drafter.model.items() if k != field
+        k: v for k, v in ref.drafter.model.items() if k != field
     }
     for section in ("target", "data", "anchors", "loss", "optim"):
-        assert getattr(abl, section) == getattr(base, section), section
-    assert Path(abl.run.out_dir).name == ablation != Path(base.run.out_dir).name
+        assert getattr(abl, section) == getattr(ref, section), section
+    assert Path(abl.run.out_dir).name == Path(ablation).name != Path(ref.run.out_dir).name
