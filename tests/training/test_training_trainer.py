@@ -133,6 +133,7 @@ def test_mismatched_cache_layers_are_refused(tiny_data_dir: Path, tmp_path: Path
         "ablations/dspark_smollm2_1layer",
         "ablations/dspark_smollm2_rnn",
         "ablations/dspark_smollm2_1layer_r96",
+        "ablations/dflash_smollm2_1layer",
     ],
 )
 def test_shipped_configs_load(name: str) -> None:
@@ -189,6 +190,7 @@ def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: P
             "markov_rank",
             96,
         ),
+        ("ablations/dflash_smollm2_1layer", "dflash_smollm2", "num_hidden_layers", 1),
     ],
 )
 def test_ablation_configs_change_one_thing(
