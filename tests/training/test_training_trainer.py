@@ -124,18 +124,12 @@ def test_mismatched_cache_layers_are_refused(tiny_data_dir: Path, tmp_path: Path
         _trainer(cfg, tiny_data_dir)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "dspark_smollm2",
-        "dflash_smollm2",
-        "eagle3_smollm2",
-        "ablations/dspark_smollm2_1layer",
-        "ablations/dspark_smollm2_rnn",
-        "ablations/dspark_smollm2_1layer_r96",
-        "ablations/dflash_smollm2_1layer",
-    ],
+SHIPPED_CONFIGS = sorted(
+    str(p.relative_to(REPO / "configs").with_suffix("")) for p in (REPO / "configs").rglob("*.yaml")
 )
+
+
+@pytest.mark.parametrize("name", SHIPPED_CONFIGS)
 def test_shipped_configs_load(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.drafter.block_size == 7 and cfg.anchors.block_size == 7
