@@ -200,3 +200,34 @@ def test_ablation_configs_change_one_thing(
     for section in ("target", "data", "anchors", "loss", "optim"):
         assert getattr(abl, section) == getattr(ref, section), section
     assert Path(abl.run.out_dir).name == Path(ablation).name != Path(ref.run.out_dir).name
+
+
+@pytest.mark.parametrize(
+    ("scaled", "base"),
+    [
+        ("scale/dspark_smollm2_1layer_r96_x2", "ablations/dspark_smollm2_1layer_r96"),
+        ("scale/dflash_smollm2_1layer_x2", "ablations/dflash_smollm2_1layer"),
+    ],
+)
+def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> None:
+    """A scale-up run is comparable to its base only if the model and the loss stay put."""
+    ref = load_config(REPO / "configs" / f"{base}.yaml")
+    big = load_config(REPO / "configs" / f"{scaled}.yaml")
+    for section in ("target", "drafter", "anchors", "loss"):
+        assert getattr(big, section) == getattr(ref, section), section
+    assert big.data.dir != ref.data.dir
+    assert big.optim.max_steps > ref.optim.max_steps
+    keep = ("lr", "weight_decay", "min_lr_ratio", "grad_clip", "aux_loss_weight")
+    assert [getattr(big.optim, k) for k in keep] == [getattr(ref.optim, k) for k in keep]
+    assert Path(big.run.out_dir).name == Path(scaled).name
+
+
+def test_scale_pair_shares_data_and_schedule() -> None:
+    """DSpark vs DFlash is only a head-to-head if both saw the same data for the same steps."""
+    dspark = load_config(REPO / "configs" / "scale" / "dspark_smollm2_1layer_r96_x2.yaml")
+    dflash = load_config(REPO / "configs" / "scale" / "dflash_smollm2_1layer_x2.yaml")
+    assert dspark.data == dflash.data
+    assert (dspark.optim.max_steps, dspark.optim.warmup_steps) == (
+        dflash.optim.max_steps,
+        dflash.optim.warmup_steps,
+    )
