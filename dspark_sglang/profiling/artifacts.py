@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.profiling.backend import BackendInfo
+from dspark_sglang.profiling.floor_table import DEFAULT_FLOOR_TOLERANCE, FloorTable, floor_table
 from dspark_sglang.profiling.hardware import HardwareFingerprint, slugify
 from dspark_sglang.profiling.measure import GridSpec, MeasureConfig, Probe
 from dspark_sglang.profiling.stairs import Stair, detect_stairs
@@ -163,10 +164,34 @@ def probes_stairs(probes: Sequence[Probe], grid: GridSpec) -> list[Stair]:
     )
 
 
-def cost_table(probes: Sequence[Probe], max_batch_tokens: int | None = None) -> SpsCostTable:
-    """The SGLang staircase table for ``probes`` (floor lookup at the probe sizes)."""
+def floor_entries(
+    probes: Sequence[Probe], stairs: Sequence[Stair] = (), floor_tolerance: float = 0.0
+) -> FloorTable:
+    """Table entries for ``probes``: measured, plus interpolated ones on smooth stretches."""
     _check_probes(probes, "cost_table")
-    return from_probes([(p.batch_tokens, p.steps_per_sec) for p in probes], max_batch_tokens)
+    return floor_table(
+        [p.batch_tokens for p in probes],
+        [p.steps_per_sec for p in probes],
+        [(s.lo_tokens, s.hi_tokens) for s in stairs],
+        floor_tolerance,
+    )
+
+
+def cost_table(
+    probes: Sequence[Probe],
+    max_batch_tokens: int | None = None,
+    *,
+    stairs: Sequence[Stair] = (),
+    floor_tolerance: float = 0.0,
+) -> SpsCostTable:
+    """The SGLang staircase table for ``probes``.
+
+    With ``floor_tolerance > 0`` smooth intervals get interpolated entries so that
+    SGLang's floor lookup does not invent free tokens between sparse probes
+    (``floor_table.py``); ``stairs`` keep their flat-then-cliff shape.
+    """
+    ft = floor_entries(probes, stairs, floor_tolerance)
+    return from_probes(list(zip(ft.batch_tokens, ft.steps_per_sec, strict=True)), max_batch_tokens)
 
 
 def _floor_lookup(probes: Sequence[Probe], b: int) -> Probe:
@@ -211,8 +236,13 @@ class GroupProfile:
     def max_batch_tokens(self) -> int:
         return max(n.grid.max_tokens for n in self.nodes)
 
-    def table(self) -> SpsCostTable:
-        return cost_table(self.probes, self.max_batch_tokens)
+    def table(self, floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE) -> SpsCostTable:
+        return cost_table(
+            self.probes,
+            self.max_batch_tokens,
+            stairs=self.stairs(),
+            floor_tolerance=floor_tolerance,
+        )
 
     def stairs(self) -> list[Stair]:
         return probes_stairs(self.probes, self.nodes[0].grid)
@@ -298,11 +328,18 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_group(root: Path, group: GroupProfile, *, plot: bool = True) -> ProfilePaths:
+def write_group(
+    root: Path,
+    group: GroupProfile,
+    *,
+    plot: bool = True,
+    floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE,
+) -> ProfilePaths:
     """Write table + metadata (+ plot) for a merged group (a single node is a group of one)."""
     paths = profile_paths(root, group.group, group.model, group.tp_size)
-    table = group.table()
     stairs = group.stairs()
+    entries = floor_entries(group.probes, stairs, floor_tolerance)
+    table = group.table(floor_tolerance)
     first = group.nodes[0]
     meta = {
         "schema": META_SCHEMA,
@@ -322,6 +359,7 @@ def write_group(root: Path, group: GroupProfile, *, plot: bool = True) -> Profil
         "spread_median": statistics.median(p.spread for p in group.probes),
         "spread_max": max(p.spread for p in group.probes),
         "stairs": [s.to_dict() for s in stairs],
+        "table": table_note(entries),
         "nodes": sorted(n.node for n in group.nodes),
         "node_deviation": dict(sorted(group.deviation.items())),
         "deviation_threshold": group.threshold,
@@ -338,5 +376,19 @@ def write_group(root: Path, group: GroupProfile, *, plot: bool = True) -> Profil
             f"{group.model} tp{group.tp_size} on {group.group} "
             f"({len(group.nodes)} node{'s' if len(group.nodes) > 1 else ''})"
         )
-        plot_staircase(paths.plot, group.probes, stairs, title, curves)
+        plot_staircase(paths.plot, group.probes, stairs, title, curves, table=table)
     return paths
+
+
+def table_note(entries: FloorTable) -> dict[str, Any]:
+    """What the meta says about the table's entries beyond the measured probes."""
+    return {
+        "lookup": "floor (SGLang SpsCostTable.lookup)",
+        "floor_tolerance": entries.tolerance,
+        "interpolated_batch_tokens": list(entries.interpolated),
+        "why": (
+            "entries between probes on smooth stretches (not across detected stairs) are "
+            "linear in step time between the two probes, so a floor lookup under-states "
+            "the step time there by at most floor_tolerance; measured rates are in probes"
+        ),
+    }

@@ -48,6 +48,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-refine", action="store_true", help="skip refinement around drops")
     g.add_argument("--max-refine-probes", type=int, default=24)
     g.add_argument("--drop-threshold", type=float, default=0.05)
+    g.add_argument(
+        "--floor-tolerance",
+        type=float,
+        default=0.02,
+        help="SGLang looks tables up by floor: on smooth stretches between sparse probes, add "
+        "entries interpolated in step time so a lookup under-states the cost by at most this "
+        "much (0 = write the probes only). Stairs are never interpolated.",
+    )
+    g.add_argument(
+        "--rerender",
+        type=Path,
+        default=None,
+        metavar="META_JSON",
+        help="measure nothing: rebuild the table, ConfigMap and plot of an existing profile "
+        "from its .meta.json probes (e.g. after changing --floor-tolerance)",
+    )
     g = p.add_argument_group("repeats")
     g.add_argument("--warmup", type=int, default=2)
     g.add_argument("--repeats", type=int, default=5, help="timed steps per probe per round")
@@ -111,6 +127,19 @@ def job_from_args(args: argparse.Namespace):  # -> ProfileJob
 def run(args: argparse.Namespace) -> int:
     from dspark_sglang.profiling.fleet import FleetConfig, _write_groups
 
+    if args.rerender is not None:
+        from dspark_sglang.profiling.rerender import rerender
+
+        try:
+            paths = rerender(
+                args.rerender, floor_tolerance=args.floor_tolerance, plot=not args.no_plot
+            )
+        except (OSError, ValueError) as exc:
+            print(f"dspark-sglang profile --rerender: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({k: str(v) for k, v in paths.items()}))
+        return 0
+
     try:
         job = job_from_args(args)
         cfg = FleetConfig(
@@ -123,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             actor_num_cpus=args.actor_cpus,
             plot=not args.no_plot,
+            floor_tolerance=args.floor_tolerance,
         )
     except ValueError as exc:
         print(f"dspark-sglang profile: {exc}", file=sys.stderr)

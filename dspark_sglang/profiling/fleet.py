@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from dspark_sglang.profiling.artifacts import (
     write_group,
 )
 from dspark_sglang.profiling.configmap import build_configmap, publish_configmap, write_configmap
+from dspark_sglang.profiling.floor_table import DEFAULT_FLOOR_TOLERANCE
 from dspark_sglang.profiling.job import ProfileJob, job_to_dict
 
 REPORT_NAME = "fleet-report.json"
@@ -74,6 +76,7 @@ class FleetConfig:
     resume: bool = False
     actor_num_cpus: float = 1.0
     plot: bool = True
+    floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE
 
     def __post_init__(self) -> None:
         if not self.node_timeout_s > 0:
@@ -84,6 +87,11 @@ class FleetConfig:
             )
         if self.actor_num_cpus < 0:
             raise ValueError(f"FleetConfig.actor_num_cpus must be >= 0, got {self.actor_num_cpus}")
+        if not (math.isfinite(self.floor_tolerance) and self.floor_tolerance >= 0):
+            raise ValueError(
+                f"FleetConfig.floor_tolerance must be >= 0 (0 = probes only), "
+                f"got {self.floor_tolerance}"
+            )
 
 
 @dataclass(frozen=True)
@@ -326,7 +334,7 @@ def _write_groups(profiles: dict[str, NodeProfile], cfg: FleetConfig) -> tuple[G
     outs = []
     for slug, nodes in sorted(by_group.items()):
         group = merge_profiles(nodes, cfg.deviation_threshold)
-        paths = write_group(cfg.out_dir, group, plot=cfg.plot)
+        paths = write_group(cfg.out_dir, group, plot=cfg.plot, floor_tolerance=cfg.floor_tolerance)
         meta = json.loads(paths.meta.read_text(encoding="utf-8"))
         manifest = build_configmap(
             slug, paths.table.read_text(encoding="utf-8"), meta, cfg.namespace

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dspark_sglang.profiling.measure import Probe
 from dspark_sglang.profiling.stairs import Stair
+from dspark_sglang.scheduling.cost_table import SpsCostTable
 
 
 def plot_staircase(
@@ -15,12 +16,15 @@ def plot_staircase(
     stairs: Sequence[Stair],
     title: str,
     node_curves: Mapping[str, Sequence[Probe]] | None = None,
+    table: SpsCostTable | None = None,
 ) -> Path:
     """PNG of SPS(b) as the floor-lookup staircase the scheduler will use.
 
     Points carry the IQR of each probe as error bars; detected cliffs are shaded;
     a second panel shows tokens/s (``b * SPS``), where cliffs are easier to see.
     Individual node curves (fleet runs) are drawn thin behind the merged one.
+    ``table`` (the published one, with interpolated entries) is drawn as the
+    staircase when given; otherwise the probes' own floor lookup is.
     """
     import matplotlib
 
@@ -42,7 +46,8 @@ def plot_staircase(
             alpha=0.5,
             label=f"node {name}",
         )
-    ax.step(b, sps, where="post", color="black", lw=1.6, label="table (floor lookup)")
+    tb, ts = (b, sps) if table is None else (table.sample_batch_tokens, table.sample_steps_per_sec)
+    ax.step(tb, ts, where="post", color="black", lw=1.6, label="table (floor lookup)")
     ax.errorbar(b, sps, yerr=lo, fmt="o", ms=3, color="tab:blue", label="probe median ± IQR/2")
     for s in stairs:
         ax.axvspan(s.lo_tokens, s.hi_tokens, color="tab:red", alpha=0.15 if s.resolved else 0.07)

@@ -23,8 +23,12 @@ def test_local_profile_of_smollm2_writes_loadable_artifacts(
     assert table.parent.parent == tmp_path and table.parent.name.startswith("cpu-")
     assert table.name == "smollm2-135m-instruct-tp1.json"
     sg = SGLangSpsCostTable.from_json(table.read_text())
-    assert sg.sample_batch_tokens == [1, 3, 6] and sg.max_batch_tokens == 256
     meta = json.loads(Path(out["meta"]).read_text())
+    assert [p["batch_tokens"] for p in meta["probes"]] == [1, 3, 6] and sg.max_batch_tokens == 256
+    # Sizes between the probes are interpolated entries (floor_table.py), listed in the meta.
+    interpolated = meta["table"]["interpolated_batch_tokens"]
+    assert sorted([1, 3, 6, *interpolated]) == sg.sample_batch_tokens
+    assert set(interpolated) <= {2, 4, 5}
     assert meta["nodes"] == ["cli-test"]
     assert meta["backend"]["settings"]["torch_threads"] == 1
     assert [p["samples"] for p in meta["probes"]] == [2, 2, 2]

@@ -13,6 +13,7 @@ from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable as 
 from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
 
 from dspark_sglang.profiling.configmap import build_configmap, write_configmap
+from dspark_sglang.profiling.floor_table import floor_table
 from dspark_sglang.profiling.hardware import HardwareFingerprint
 from dspark_sglang.profiling.stairs import detect_stairs
 from dspark_sglang.scheduling.cost_table import load_cost_table
@@ -41,20 +42,31 @@ def test_committed_profile_is_consistent(table_path: Path) -> None:
     assert meta["versions"]["torch"] and meta["versions"]["sglang"] == "0.5.23"
     dt.datetime.fromisoformat(meta["date"])
     probes = meta["probes"]
-    assert [p["batch_tokens"] for p in probes] == sg.sample_batch_tokens
-    assert [p["steps_per_sec"] for p in probes] == sg.sample_steps_per_sec
-    assert sg.sample_batch_tokens[0] == 1 and sg.sample_batch_tokens[-1] >= 256
-    assert set(range(1, 17)) <= set(sg.sample_batch_tokens)  # dense where stairs are small
+    sizes = [p["batch_tokens"] for p in probes]
+    rates = [p["steps_per_sec"] for p in probes]
+    assert sizes[0] == 1 and sizes[-1] >= 256
+    assert set(range(1, 17)) <= set(sizes)  # measured densely where stairs are small
     assert all(p["samples"] >= 8 for p in probes)
     grid = meta["grid"]["spec"]
     recomputed = detect_stairs(
-        sg.sample_batch_tokens,
-        sg.sample_steps_per_sec,
+        sizes,
+        rates,
         [p["median_se"] for p in probes],
         threshold=grid["drop_threshold"],
         noise_k=grid["noise_k"],
     )
     assert [s.to_dict() for s in recomputed] == meta["stairs"]
+    # The table is the probes plus the interpolated entries the meta lists, and it is
+    # exactly what floor_table builds from them (no hand edits).
+    note = meta["table"]
+    assert note["floor_tolerance"] > 0
+    assert sorted(sizes + note["interpolated_batch_tokens"]) == sg.sample_batch_tokens
+    assert all(sg.lookup(b) == r for b, r in zip(sizes, rates, strict=True))
+    built = floor_table(
+        sizes, rates, [(s.lo_tokens, s.hi_tokens) for s in recomputed], note["floor_tolerance"]
+    )
+    assert list(built.batch_tokens) == sg.sample_batch_tokens
+    assert list(built.steps_per_sec) == sg.sample_steps_per_sec
 
     png = table_path.with_name("smollm2-135m-instruct-tp1.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -1,0 +1,71 @@
+"""Rebuild a profile's table, ConfigMap and plot from its ``.meta.json``, measuring nothing.
+
+Why: the meta sidecar keeps every measured probe, so a change in how tables are
+written from probes (``floor_table.py``) should not cost a re-measurement on
+every node. The stairs are recomputed from the probes with the grid's own
+thresholds; the meta's record of how it was measured is kept as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dspark_sglang.profiling.artifacts import META_SCHEMA, cost_table, floor_entries, table_note
+from dspark_sglang.profiling.configmap import build_configmap, write_configmap
+from dspark_sglang.profiling.measure import Probe
+from dspark_sglang.profiling.stairs import detect_stairs
+
+
+def _meta_field(meta: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in meta:
+        raise ValueError(
+            f"{path}: meta has no {key!r}; is this a dspark-sglang profile .meta.json?"
+        )
+    return meta[key]
+
+
+def rerender(meta_path: Path, *, floor_tolerance: float, plot: bool = True) -> dict[str, Path]:
+    """Rewrite ``<stem>.json``, ``<stem>.configmap.yaml`` (+ ``.png``) beside ``meta_path``."""
+    meta_path = Path(meta_path)
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA:
+        raise ValueError(
+            f"{meta_path}: schema is {meta.get('schema') if isinstance(meta, dict) else None!r}, "
+            f"expected {META_SCHEMA!r}; pass the .meta.json written by `dspark-sglang profile`"
+        )
+    probes = tuple(Probe.from_dict(p) for p in _meta_field(meta, "probes", meta_path))
+    spec = _meta_field(meta, "grid", meta_path)["spec"]
+    stairs = detect_stairs(
+        [p.batch_tokens for p in probes],
+        [p.steps_per_sec for p in probes],
+        [p.median_se for p in probes],
+        threshold=spec["drop_threshold"],
+        noise_k=spec["noise_k"],
+    )
+    max_tokens = max(int(spec["max_tokens"]), probes[-1].batch_tokens)
+    table = cost_table(probes, max_tokens, stairs=stairs, floor_tolerance=floor_tolerance)
+    meta["stairs"] = [s.to_dict() for s in stairs]
+    meta["table"] = table_note(floor_entries(probes, stairs, floor_tolerance))
+
+    table_path = meta_path.with_name(_meta_field(meta, "table_file", meta_path))
+    stem = table_path.stem
+    cm_path = table_path.with_name(f"{stem}.configmap.yaml")
+    namespace = "default"
+    if cm_path.exists():
+        namespace = yaml.safe_load(cm_path.read_text(encoding="utf-8"))["metadata"]["namespace"]
+    text = table.to_json()
+    table_path.write_text(text, encoding="utf-8")
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    write_configmap(cm_path, build_configmap(meta["hardware_slug"], text, meta, namespace))
+    out = {"table": table_path, "meta": meta_path, "configmap": cm_path}
+    if plot:
+        from dspark_sglang.profiling.plot import plot_staircase
+
+        png = table_path.with_name(f"{stem}.png")
+        title = f"{meta['model']} tp{meta['tp_size']} on {meta['hardware_slug']} (re-rendered)"
+        out["plot"] = plot_staircase(png, probes, stairs, title, table=table)
+    return out
