@@ -343,27 +343,45 @@ def plot_frontier(
 
 
 def plot_budget(frontier: Frontier, path: Path, title: str = "") -> None:
-    """Mean verified tokens per request per step vs concurrency (paper Fig. 8)."""
+    """Mean verified tokens per request per step vs concurrency (paper Fig. 8).
+
+    Static policies are flat lines up to B + 1 tokens and squash the adaptive ones
+    against the floor, so those (the curves that actually move with load) get a
+    second panel on their own scale.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.0, 4.5))
-    for label, rows in budget_curve(frontier).items():
-        ax.plot(
-            [r["concurrency"] for r in rows],
-            [r["verify_tokens_per_request"] for r in rows],
-            marker="o",
-            ms=3,
-            label=label,
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("verified tokens per request per step")
-    ax.set_title(title or "Verify budget vs load")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    curves = budget_curve(frontier)
+    adaptive = {
+        label: rows
+        for label, rows in curves.items()
+        if len({round(r["verify_tokens_per_request"], 9) for r in rows}) > 1
+    }
+    panels = [(curves, title or "Verify budget vs load")]
+    if adaptive:
+        panels.append((adaptive, "adaptive policies only"))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {label: palette[i % len(palette)] for i, label in enumerate(curves)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.0 * len(panels), 4.5), squeeze=False)
+    for ax, (shown, heading) in zip(axes[0], panels, strict=True):
+        for label, rows in shown.items():
+            ax.plot(
+                [r["concurrency"] for r in rows],
+                [r["verify_tokens_per_request"] for r in rows],
+                marker="o",
+                ms=3,
+                color=colour[label],
+                label=label,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("verified tokens per request per step")
+        ax.set_title(heading)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
