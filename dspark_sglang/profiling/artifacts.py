@@ -190,8 +190,13 @@ def cost_table(
     SGLang's floor lookup does not invent free tokens between sparse probes
     (``floor_table.py``); ``stairs`` keep their flat-then-cliff shape.
     """
-    ft = floor_entries(probes, stairs, floor_tolerance)
-    return from_probes(list(zip(ft.batch_tokens, ft.steps_per_sec, strict=True)), max_batch_tokens)
+    return table_from_entries(floor_entries(probes, stairs, floor_tolerance), max_batch_tokens)
+
+
+def table_from_entries(entries: FloorTable, max_batch_tokens: int | None = None) -> SpsCostTable:
+    return from_probes(
+        list(zip(entries.batch_tokens, entries.steps_per_sec, strict=True)), max_batch_tokens
+    )
 
 
 def _floor_lookup(probes: Sequence[Probe], b: int) -> Probe:
@@ -339,7 +344,7 @@ def write_group(
     paths = profile_paths(root, group.group, group.model, group.tp_size)
     stairs = group.stairs()
     entries = floor_entries(group.probes, stairs, floor_tolerance)
-    table = group.table(floor_tolerance)
+    table = table_from_entries(entries, group.max_batch_tokens)
     first = group.nodes[0]
     meta = {
         "schema": META_SCHEMA,

@@ -14,7 +14,12 @@ from typing import Any
 
 import yaml
 
-from dspark_sglang.profiling.artifacts import META_SCHEMA, cost_table, floor_entries, table_note
+from dspark_sglang.profiling.artifacts import (
+    META_SCHEMA,
+    floor_entries,
+    table_from_entries,
+    table_note,
+)
 from dspark_sglang.profiling.configmap import build_configmap, write_configmap
 from dspark_sglang.profiling.measure import Probe
 from dspark_sglang.profiling.stairs import detect_stairs
@@ -47,9 +52,10 @@ def rerender(meta_path: Path, *, floor_tolerance: float, plot: bool = True) -> d
         noise_k=spec["noise_k"],
     )
     max_tokens = max(int(spec["max_tokens"]), probes[-1].batch_tokens)
-    table = cost_table(probes, max_tokens, stairs=stairs, floor_tolerance=floor_tolerance)
+    entries = floor_entries(probes, stairs, floor_tolerance)
+    table = table_from_entries(entries, max_tokens)
     meta["stairs"] = [s.to_dict() for s in stairs]
-    meta["table"] = table_note(floor_entries(probes, stairs, floor_tolerance))
+    meta["table"] = table_note(entries)
 
     table_path = meta_path.with_name(_meta_field(meta, "table_file", meta_path))
     stem = table_path.stem
