@@ -49,6 +49,13 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, help="override data.dir")
     p.add_argument("--out-dir", type=Path, default=None, help="override run.out_dir")
     p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="override run.init_from: continue another run's checkpoint (weights, optimizer, "
+        "step) under this config's schedule and data",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -147,6 +154,8 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(data={"dir": str(args.data_dir.resolve())})
     if args.out_dir is not None:
         cfg = cfg.with_overrides(run={"out_dir": str(args.out_dir.resolve())})
+    if args.init_from is not None:
+        cfg = cfg.with_overrides(run={"init_from": str(args.init_from.resolve())})
     if args.threads is not None:
         cfg = cfg.with_overrides(run={"threads": args.threads})
     if args.gen_batches is not None and args.gen_batches < 0:

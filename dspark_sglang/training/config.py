@@ -148,10 +148,20 @@ class RunConfig:
     log_every: int = 10
     threads: int = 2
     seed: int = 0
+    # Continue another run (its out_dir, or one of its checkpoints/step-N): weights, optimizer
+    # moments and step count carry over, the LR schedule and the data are this config's.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, str) or not self.out_dir:
             raise ValueError(f"run.out_dir must be a non-empty path, got {self.out_dir!r}")
+        if self.init_from is not None and (
+            not isinstance(self.init_from, str) or not self.init_from
+        ):
+            raise ValueError(
+                "run.init_from must be a run directory or checkpoint path, got "
+                f"{self.init_from!r}; omit it to start from random weights"
+            )
         for name in ("checkpoint_every", "keep_checkpoints", "log_every", "threads"):
             _positive_int("run", name, getattr(self, name))
         _positive_int("run", "seed", self.seed, lo=0)
@@ -230,7 +240,11 @@ class TrainConfig:
         return dataclasses.replace(
             self,
             data=dataclasses.replace(self.data, dir=res(self.data.dir)),
-            run=dataclasses.replace(self.run, out_dir=res(self.run.out_dir)),
+            run=dataclasses.replace(
+                self.run,
+                out_dir=res(self.run.out_dir),
+                init_from=None if self.run.init_from is None else res(self.run.init_from),
+            ),
         )
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> TrainConfig:

@@ -237,6 +237,32 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def init_checkpoint(cfg: TrainConfig) -> Path:
+    """The checkpoint ``run.init_from`` names, checked against this config.
+
+    Only the schedule and the data may differ from the source run: a different drafter
+    would load weights into the wrong shapes (or silently keep the source's model).
+    """
+    assert cfg.run.init_from is not None
+    src = Path(cfg.run.init_from)
+    ckpt = src if (src / STATE_FILE).exists() else latest_checkpoint(src)
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"run.init_from={src} is neither a checkpoint (with {STATE_FILE}) nor a run "
+            "directory with checkpoints/step-*; point it at a finished training run"
+        )
+    src_cfg_path = ckpt.parent.parent / "config.json"
+    if src_cfg_path.exists():
+        src_cfg = json.loads(src_cfg_path.read_text())
+        for key in ("drafter", "target", "loss", "anchors"):
+            if src_cfg.get(key) != json.loads(json.dumps(cfg.to_dict()[key])):
+                raise ValueError(
+                    f"run.init_from={ckpt} was trained with a different '{key}' section "
+                    f"({src_cfg_path}); only data, optim and run may change when continuing"
+                )
+    return ckpt
+
+
 def _rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
@@ -362,6 +388,8 @@ class Trainer:
                 f"{self.out_dir} already has checkpoints; pass --resume to continue or use a "
                 "new run.out_dir"
             )
+        init = init_checkpoint(cfg) if ckpt is None and cfg.run.init_from else None
+        history: list[dict[str, Any]] = []
         if ckpt is not None:
             state = torch.load(ckpt / STATE_FILE, weights_only=False)
             drafter = load_any_drafter(
@@ -372,6 +400,30 @@ class Trainer:
             sched.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"])
             step, epoch, batch = int(state["step"]), int(state["epoch"]), int(state["batch"])
+        elif init is not None:
+            state = torch.load(init / STATE_FILE, weights_only=False)
+            drafter = load_any_drafter(
+                init / DRAFTER_DIR, cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
+            )
+            opt, sched = self._make_optimizer(drafter)
+            opt.load_state_dict(state["optimizer"])
+            step = int(state["step"])
+            if step >= cfg.optim.max_steps:
+                raise ValueError(
+                    f"run.init_from={init} is already at step {step}; set optim.max_steps "
+                    f"above it (got {cfg.optim.max_steps})"
+                )
+            # This config's schedule from the inherited step on (a warm restart when
+            # max_steps grew), and a fresh epoch: the data may not be the source's.
+            sched.last_epoch = step
+            for group, base, lam in zip(
+                opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True
+            ):
+                group["lr"] = base * lam(step)
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+            _set_rng_state(state["rng"])
+            epoch, batch = int(state["epoch"]) + 1, 0
+            history = [r for r in _read_log(init.parent.parent / "log.jsonl") if r["step"] <= step]
         else:
             drafter = build_drafter(
                 cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
@@ -380,7 +432,8 @@ class Trainer:
             torch.manual_seed(cfg.run.seed)
             step, epoch, batch = 0, 0, 0
         log_path = self.out_dir / "log.jsonl"
-        history = [r for r in _read_log(log_path) if r["step"] <= step]
+        if init is None:
+            history = [r for r in _read_log(log_path) if r["step"] <= step]
         log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
         (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 

@@ -207,6 +207,8 @@ def test_ablation_configs_change_one_thing(
     [
         ("scale/dspark_smollm2_1layer_r96_x2", "ablations/dspark_smollm2_1layer_r96"),
         ("scale/dflash_smollm2_1layer_x2", "ablations/dflash_smollm2_1layer"),
+        ("scale/dspark_smollm2_1layer_r96_x3", "scale/dspark_smollm2_1layer_r96_x2"),
+        ("scale/dflash_smollm2_1layer_x3", "scale/dflash_smollm2_1layer_x2"),
     ],
 )
 def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> None:
@@ -222,12 +224,74 @@ def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> 
     assert Path(big.run.out_dir).name == Path(scaled).name
 
 
-def test_scale_pair_shares_data_and_schedule() -> None:
+@pytest.mark.parametrize("scale", ["x2", "x3"])
+def test_scale_pair_shares_data_and_schedule(scale: str) -> None:
     """DSpark vs DFlash is only a head-to-head if both saw the same data for the same steps."""
-    dspark = load_config(REPO / "configs" / "scale" / "dspark_smollm2_1layer_r96_x2.yaml")
-    dflash = load_config(REPO / "configs" / "scale" / "dflash_smollm2_1layer_x2.yaml")
+    dspark = load_config(REPO / "configs" / "scale" / f"dspark_smollm2_1layer_r96_{scale}.yaml")
+    dflash = load_config(REPO / "configs" / "scale" / f"dflash_smollm2_1layer_{scale}.yaml")
     assert dspark.data == dflash.data
     assert (dspark.optim.max_steps, dspark.optim.warmup_steps) == (
         dflash.optim.max_steps,
         dflash.optim.warmup_steps,
     )
+    # A continued pair continues each drafter's own previous run.
+    for cfg in (dspark, dflash):
+        if cfg.run.init_from is not None:
+            assert Path(cfg.run.init_from).name == Path(cfg.run.out_dir).name.replace("_x3", "_x2")
+
+
+def test_init_from_continues_another_run(tiny_data_dir: Path, tmp_path: Path) -> None:
+    """Weights, optimizer and step carry over; the schedule and the log are the new run's."""
+    from dspark_sglang.training.trainer import lr_lambda
+
+    src_cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "src", steps=6)
+    _trainer(src_cfg, tiny_data_dir).train(progress=False)
+    cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "cont", steps=20).with_overrides(
+        run={"init_from": str(tmp_path / "src")}
+    )
+    res = _trainer(cfg, tiny_data_dir).train(progress=False, stop_at=7)
+    assert res.final_step == 7
+    log = [json.loads(x) for x in (tmp_path / "cont/log.jsonl").read_text().splitlines()]
+    src_log = (tmp_path / "src/log.jsonl").read_text().splitlines()
+    assert [r["step"] for r in log] == list(range(1, 8))
+    assert [json.dumps(r) for r in log[:6]] == src_log  # the inherited history, verbatim
+    # Step 7 runs at the new schedule's rate for step 6: a warm restart, since max_steps grew
+    # (the source had decayed towards its floor).
+    assert log[6]["lr"] == pytest.approx(cfg.optim.lr * lr_lambda(cfg)(6))
+    assert log[6]["lr"] > 2 * log[5]["lr"]
+    # One AdamW step moves each weight by about lr (3e-3); a fresh drafter (another seed) is
+    # a different draw.
+    src = load_file(str(tmp_path / "src/checkpoints/step-000006/drafter/model.safetensors"))
+    cont = load_file(str(tmp_path / "cont/checkpoints/step-000007/drafter/model.safetensors"))
+    fresh_cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "fresh", steps=1).with_overrides(
+        run={"seed": 1}
+    )
+    _trainer(fresh_cfg, tiny_data_dir).train(progress=False)
+    fresh = load_file(str(tmp_path / "fresh/checkpoints/step-000001/drafter/model.safetensors"))
+
+    def gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+    assert gap(cont, src) < 10 * cfg.optim.lr < gap(fresh, src)
+
+
+def test_init_from_refuses_a_different_drafter_or_an_exhausted_schedule(
+    tiny_data_dir: Path, tmp_path: Path
+) -> None:
+    src_cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "src", steps=5)
+    _trainer(src_cfg, tiny_data_dir).train(progress=False)
+    other = _tiny_cfg("dflash", tiny_data_dir, tmp_path / "a", steps=10).with_overrides(
+        run={"init_from": str(tmp_path / "src")}
+    )
+    with pytest.raises(ValueError, match=r"run\.init_from.*different 'drafter'"):
+        _trainer(other, tiny_data_dir).train(progress=False)
+    short = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "b", steps=5).with_overrides(
+        run={"init_from": str(tmp_path / "src" / "checkpoints" / "step-000005")}
+    )
+    with pytest.raises(ValueError, match=r"already at step 5.*optim\.max_steps"):
+        _trainer(short, tiny_data_dir).train(progress=False)
+    missing = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "c", steps=9).with_overrides(
+        run={"init_from": str(tmp_path / "nowhere")}
+    )
+    with pytest.raises(FileNotFoundError, match=r"run\.init_from"):
+        _trainer(missing, tiny_data_dir).train(progress=False)
