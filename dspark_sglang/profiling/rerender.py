@@ -16,13 +16,14 @@ import yaml
 
 from dspark_sglang.profiling.artifacts import (
     META_SCHEMA,
+    _atomic_write,
     floor_entries,
+    probes_stairs,
     table_from_entries,
     table_note,
 )
 from dspark_sglang.profiling.configmap import build_configmap, write_configmap
-from dspark_sglang.profiling.measure import Probe
-from dspark_sglang.profiling.stairs import detect_stairs
+from dspark_sglang.profiling.measure import GridSpec, Probe
 
 
 def _meta_field(meta: dict[str, Any], key: str, path: Path) -> Any:
@@ -43,15 +44,15 @@ def rerender(meta_path: Path, *, floor_tolerance: float, plot: bool = True) -> d
             f"expected {META_SCHEMA!r}; pass the .meta.json written by `dspark-sglang profile`"
         )
     probes = tuple(Probe.from_dict(p) for p in _meta_field(meta, "probes", meta_path))
-    spec = _meta_field(meta, "grid", meta_path)["spec"]
-    stairs = detect_stairs(
-        [p.batch_tokens for p in probes],
-        [p.steps_per_sec for p in probes],
-        [p.median_se for p in probes],
-        threshold=spec["drop_threshold"],
-        noise_k=spec["noise_k"],
-    )
-    max_tokens = max(int(spec["max_tokens"]), probes[-1].batch_tokens)
+    spec = dict(_meta_field(meta, "grid", meta_path)["spec"])
+    if spec.get("points") is not None:
+        spec["points"] = tuple(spec["points"])
+    try:
+        grid = GridSpec(**spec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{meta_path}: grid.spec is not a valid probe grid: {exc}") from exc
+    stairs = probes_stairs(probes, grid)
+    max_tokens = max(grid.max_tokens, probes[-1].batch_tokens)
     entries = floor_entries(probes, stairs, floor_tolerance)
     table = table_from_entries(entries, max_tokens)
     meta["stairs"] = [s.to_dict() for s in stairs]
@@ -64,8 +65,9 @@ def rerender(meta_path: Path, *, floor_tolerance: float, plot: bool = True) -> d
     if cm_path.exists():
         namespace = yaml.safe_load(cm_path.read_text(encoding="utf-8"))["metadata"]["namespace"]
     text = table.to_json()
-    table_path.write_text(text, encoding="utf-8")
-    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    # Atomic, as in write_group: a crashed re-render must not leave a torn table to a fleet.
+    _atomic_write(table_path, text)
+    _atomic_write(meta_path, json.dumps(meta, indent=2, sort_keys=False) + "\n")
     write_configmap(cm_path, build_configmap(meta["hardware_slug"], text, meta, namespace))
     out = {"table": table_path, "meta": meta_path, "configmap": cm_path}
     if plot:
