@@ -15,10 +15,13 @@ table and acceptance traces, and writes:
 
 Inputs: ``--profile`` (default: the committed CPU profile
 ``profiles/*/smollm2-135m-instruct-tp1.json`` if present, else a synthetic GPU-like
-staircase built here) and ``--traces`` (default: synthetic high-acceptance traces; real
-SmolLM2 drafter traces will replace them once the trained drafter exists).
+staircase built here; ``--synthetic`` forces the synthetic staircase, which is what the
+committed ``frontier.{json,png}`` show) and ``--traces`` (default: synthetic high-acceptance
+traces, a stand-in for a GPU-scale drafter; ``frontier_cpu_smollm2.*`` use the real SmolLM2
+drafter's traces from ``benchmarks/results/traces/``).
 
-Usage: ``python benchmarks/frontier.py [--quick] [--profile P] [--traces T] [--sla 80,120]``.
+Usage: ``python benchmarks/frontier.py [--quick] [--profile P | --synthetic] [--traces T]
+[--sla 80,120]``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,13 @@ def find_profile() -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", type=Path, default=None)
+    source = ap.add_mutually_exclusive_group()
+    source.add_argument("--profile", type=Path, default=None, help="SGLang SPS cost table")
+    source.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="the synthetic GPU-like staircase, even where a committed profile exists",
+    )
     ap.add_argument("--traces", type=Path, nargs="+", default=None, help="trace files (joined)")
     ap.add_argument("--sts", type=Path, default=None)
     ap.add_argument("--sla", default="80,120")
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    profile = args.profile or find_profile()
+    profile = None if args.synthetic else (args.profile or find_profile())
     table: CostTable = load_cost_table(profile) if profile else synthetic_staircase()
     traces = load_traces_many(args.traces) if args.traces else default_traces(args.seed)
     sts = load_sts(args.sts) if args.sts else None
