@@ -406,7 +406,11 @@ class Trainer:
                 init / DRAFTER_DIR, cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
             )
             opt, sched = self._make_optimizer(drafter)
+            # Only the AdamW moments carry over; lr, betas and weight decay are this config's.
+            own = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(state["optimizer"])
+            for group, mine in zip(opt.param_groups, own, strict=True):
+                group.update(mine)
             step = int(state["step"])
             if step >= cfg.optim.max_steps:
                 raise ValueError(

@@ -246,11 +246,19 @@ def test_init_from_continues_another_run(tiny_data_dir: Path, tmp_path: Path) ->
 
     src_cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "src", steps=6)
     _trainer(src_cfg, tiny_data_dir).train(progress=False)
-    cfg = _tiny_cfg("dspark", tiny_data_dir, tmp_path / "cont", steps=20).with_overrides(
-        run={"init_from": str(tmp_path / "src")}
-    )
+    cfg = _tiny_cfg(
+        "dspark", tiny_data_dir, tmp_path / "cont", steps=20, weight_decay=0.05
+    ).with_overrides(run={"init_from": str(tmp_path / "src")})
     res = _trainer(cfg, tiny_data_dir).train(progress=False, stop_at=7)
     assert res.final_step == 7
+    # The optimizer's hyperparameters are the new config's; only its moments are inherited.
+    src_opt = torch.load(
+        tmp_path / "src/checkpoints/step-000006/train_state.pt", weights_only=False
+    )
+    cont_opt = torch.load(res.final_checkpoint / "train_state.pt", weights_only=False)
+    decays = [g["weight_decay"] for g in cont_opt["optimizer"]["param_groups"]]
+    assert src_opt["optimizer"]["param_groups"][0]["weight_decay"] == 0.01
+    assert decays[0] == 0.05 and decays[1] == 0.0
     log = [json.loads(x) for x in (tmp_path / "cont/log.jsonl").read_text().splitlines()]
     src_log = (tmp_path / "src/log.jsonl").read_text().splitlines()
     assert [r["step"] for r in log] == list(range(1, 8))
