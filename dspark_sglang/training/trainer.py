@@ -367,6 +367,15 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
+    def _restore(self, ckpt: Path) -> tuple[Drafter, torch.optim.Optimizer, Any, dict[str, Any]]:
+        """A checkpoint's drafter, a fresh optimizer + schedule for it, and its train state."""
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        drafter = load_any_drafter(
+            ckpt / DRAFTER_DIR, self.cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
+        )
+        opt, sched = self._make_optimizer(drafter)
+        return drafter, opt, sched, state
+
     def train(
         self, resume: bool = False, progress: bool = True, stop_at: int | None = None
     ) -> TrainResult:
@@ -391,21 +400,13 @@ class Trainer:
         init = init_checkpoint(cfg) if ckpt is None and cfg.run.init_from else None
         history: list[dict[str, Any]] = []
         if ckpt is not None:
-            state = torch.load(ckpt / STATE_FILE, weights_only=False)
-            drafter = load_any_drafter(
-                ckpt / DRAFTER_DIR, cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
-            )
-            opt, sched = self._make_optimizer(drafter)
+            drafter, opt, sched, state = self._restore(ckpt)
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"])
             step, epoch, batch = int(state["step"]), int(state["epoch"]), int(state["batch"])
         elif init is not None:
-            state = torch.load(init / STATE_FILE, weights_only=False)
-            drafter = load_any_drafter(
-                init / DRAFTER_DIR, cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
-            )
-            opt, sched = self._make_optimizer(drafter)
+            drafter, opt, sched, state = self._restore(init)
             # Only the AdamW moments carry over; lr, betas and weight decay are this config's.
             own = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(state["optimizer"])
