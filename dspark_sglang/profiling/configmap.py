@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dspark_sglang.profiling.artifacts import profile_paths
+from dspark_sglang.profiling.artifacts import _atomic_write, profile_paths
 from dspark_sglang.profiling.hardware import slugify
 
 TABLE_KEY = "sps.json"
@@ -153,10 +153,7 @@ def build_configmap(
 def write_configmap(path: Path, manifest: dict[str, Any]) -> Path:
     """Write the manifest as YAML via a temp file + rename, so `kubectl apply` never reads
     a half-written file; returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
+    _atomic_write(path, yaml.safe_dump(manifest, sort_keys=False))
     return path
 
 
