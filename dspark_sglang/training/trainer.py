@@ -254,8 +254,9 @@ def init_checkpoint(cfg: TrainConfig) -> Path:
     src_cfg_path = ckpt.parent.parent / "config.json"
     if src_cfg_path.exists():
         src_cfg = json.loads(src_cfg_path.read_text())
+        this_cfg = json.loads(json.dumps(cfg.to_dict()))  # as config.json stores it
         for key in ("drafter", "target", "loss", "anchors"):
-            if src_cfg.get(key) != json.loads(json.dumps(cfg.to_dict()[key])):
+            if src_cfg.get(key) != this_cfg[key]:
                 raise ValueError(
                     f"run.init_from={ckpt} was trained with a different '{key}' section "
                     f"({src_cfg_path}); only data, optim and run may change when continuing"
