@@ -209,6 +209,8 @@ def test_ablation_configs_change_one_thing(
         ("scale/dflash_smollm2_1layer_x2", "ablations/dflash_smollm2_1layer"),
         ("scale/dspark_smollm2_1layer_r96_x3", "scale/dspark_smollm2_1layer_r96_x2"),
         ("scale/dflash_smollm2_1layer_x3", "scale/dflash_smollm2_1layer_x2"),
+        ("scale/dspark_smollm2_1layer_r96_x4", "scale/dspark_smollm2_1layer_r96_x3"),
+        ("scale/dflash_smollm2_1layer_x4", "scale/dflash_smollm2_1layer_x3"),
     ],
 )
 def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> None:
@@ -217,15 +219,19 @@ def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> 
     big = load_config(REPO / "configs" / f"{scaled}.yaml")
     for section in ("target", "drafter", "anchors", "loss"):
         assert getattr(big, section) == getattr(ref, section), section
-    assert big.data.dir != ref.data.dir
     assert big.optim.max_steps > ref.optim.max_steps
     keep = ("lr", "weight_decay", "min_lr_ratio", "grad_clip", "aux_loss_weight")
     assert [getattr(big.optim, k) for k in keep] == [getattr(ref.optim, k) for k in keep]
     assert Path(big.run.out_dir).name == Path(scaled).name
+    # A continuation starts from its base's run; a fresh scale-up must at least see new data.
+    if big.run.init_from is not None:
+        assert Path(big.run.init_from).name == Path(ref.run.out_dir).name
+    else:
+        assert big.data.dir != ref.data.dir
 
 
-@pytest.mark.parametrize("scale", ["x2", "x3"])
-def test_scale_pair_shares_data_and_schedule(scale: str) -> None:
+@pytest.mark.parametrize(("scale", "previous"), [("x2", None), ("x3", "x2"), ("x4", "x3")])
+def test_scale_pair_shares_data_and_schedule(scale: str, previous: str | None) -> None:
     """DSpark vs DFlash is only a head-to-head if both saw the same data for the same steps."""
     dspark = load_config(REPO / "configs" / "scale" / f"dspark_smollm2_1layer_r96_{scale}.yaml")
     dflash = load_config(REPO / "configs" / "scale" / f"dflash_smollm2_1layer_{scale}.yaml")
@@ -236,8 +242,13 @@ def test_scale_pair_shares_data_and_schedule(scale: str) -> None:
     )
     # A continued pair continues each drafter's own previous run.
     for cfg in (dspark, dflash):
-        if cfg.run.init_from is not None:
-            assert Path(cfg.run.init_from).name == Path(cfg.run.out_dir).name.replace("_x3", "_x2")
+        if previous is None:
+            assert cfg.run.init_from is None
+        else:
+            assert cfg.run.init_from is not None
+            assert Path(cfg.run.init_from).name == Path(cfg.run.out_dir).name.replace(
+                f"_{scale}", f"_{previous}"
+            )
 
 
 def test_init_from_continues_another_run(tiny_data_dir: Path, tmp_path: Path) -> None:
