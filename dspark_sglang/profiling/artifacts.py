@@ -241,14 +241,6 @@ class GroupProfile:
     def max_batch_tokens(self) -> int:
         return max(n.grid.max_tokens for n in self.nodes)
 
-    def table(self, floor_tolerance: float = DEFAULT_FLOOR_TOLERANCE) -> SpsCostTable:
-        return cost_table(
-            self.probes,
-            self.max_batch_tokens,
-            stairs=self.stairs(),
-            floor_tolerance=floor_tolerance,
-        )
-
     def stairs(self) -> list[Stair]:
         return probes_stairs(self.probes, self.nodes[0].grid)
 
