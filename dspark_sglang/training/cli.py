@@ -107,7 +107,10 @@ def run_data_stage(
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_ids[0]
     settings = GenerationSettings(
-        max_new_tokens=d.max_new_tokens, batch_size=d.gen_batch_size, seed=d.seed
+        max_new_tokens=d.max_new_tokens,
+        batch_size=d.gen_batch_size,
+        seed=d.seed,
+        dtype=d.gen_dtype,
     )
     print(f"[data] {len(encoded)} prompts (of {len(prompts)}) -> {d.dir}")
     generate_responses(

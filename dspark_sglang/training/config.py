@@ -34,6 +34,9 @@ def _number(section: str, name: str, value: object, lo: float = 0.0, hi: float =
         raise ValueError(f"{section}.{name} must be a number in [{lo}, {hi}], got {value!r}")
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     """Which target, and which of its layers feed the drafter (None: the drafter default)."""
@@ -66,6 +69,10 @@ class DataConfig:
     gen_batch_size: int = 16
     hidden_batch_size: int = 8
     seed: int = 0
+    # Precision of the *sampling* pass only. bfloat16 (AMX on these Xeons) samples ~1.9x
+    # faster; hidden states are always cached from the float32 target, which is what the
+    # drafter is conditioned on at serve time.
+    gen_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir:
@@ -77,6 +84,10 @@ class DataConfig:
         for name in ("max_prompt_tokens", "max_new_tokens", "gen_batch_size", "hidden_batch_size"):
             _positive_int("data", name, getattr(self, name))
         _positive_int("data", "seed", self.seed, lo=0)
+        if self.gen_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,9 @@ class RunConfig:
     # Continue another run (its out_dir, or one of its checkpoints/step-N): weights, optimizer
     # moments and step count carry over, the LR schedule and the data are this config's.
     init_from: str | None = None
+    # Mixed precision for the drafter's forward: bfloat16 runs its matmuls (most of all the
+    # full-vocabulary LM head) on AMX; weights, optimizer state and the loss stay float32.
+    autocast: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, str) or not self.out_dir:
@@ -165,6 +179,11 @@ class RunConfig:
         for name in ("checkpoint_every", "keep_checkpoints", "log_every", "threads"):
             _positive_int("run", name, getattr(self, name))
         _positive_int("run", "seed", self.seed, lo=0)
+        if self.autocast not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"run.autocast must be one of {COMPUTE_DTYPES} (float32 = no autocast), "
+                f"got {self.autocast!r}"
+            )
 
 
 _SECTIONS: dict[str, type] = {

@@ -25,6 +25,7 @@ with different settings is refused with the mismatching keys named.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -82,6 +83,7 @@ class GenerationSettings:
     batch_size: int = 8
     temperature: float = 1.0
     seed: int = 0
+    dtype: str = "float32"  # the sampling model's precision (a bfloat16 copy when set)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
@@ -95,6 +97,16 @@ class GenerationSettings:
                 f"data.temperature must be > 0 (responses are sampled, as in the paper), "
                 f"got {self.temperature!r}"
             )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"data.gen_dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    def manifest(self) -> dict[str, object]:
+        """The settings as pinned in a manifest. ``dtype`` is left out at its float32
+        default so directories produced before it existed still resume."""
+        out: dict[str, object] = asdict(self)
+        if self.dtype == "float32":
+            del out["dtype"]
+        return out
 
 
 def seed_for(seed: int, batch: int) -> int:
@@ -204,7 +216,7 @@ def generate_responses(
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids must be unique (resumption keys shards by prompt id)")
     manifest = {
-        **asdict(settings),
+        **settings.manifest(),
         "prompts_sha256": hashlib.sha256(msgspec.json.encode(list(prompts))).hexdigest(),
         "num_prompts": len(prompts),
         "eos_token_ids": sorted(int(e) for e in eos_token_ids),
@@ -224,6 +236,10 @@ def generate_responses(
     )
     model.eval()
     device = next(model.parameters()).device
+    if settings.dtype != "float32":
+        # A copy, never an in-place cast: the caller's float32 target goes on to cache
+        # hidden states, and a bfloat16 round trip would have rounded its weights.
+        model = copy.deepcopy(model).to(getattr(torch, settings.dtype))
     batches = list(_batches(len(prompts), settings.batch_size))
     todo = [(b, r) for b, r in batches if b not in done]
     bar = tqdm(

@@ -161,14 +161,18 @@ def batch_loss(
     drafter: Drafter, lm_head: nn.Linear, batch: TrainBatch, cfg: TrainConfig
 ) -> tuple[torch.Tensor, LossTerms]:
     """Total training loss of one batch (DSpark loss + weighted MoE aux loss) and its parts."""
-    out = draft_outputs(drafter, batch)
-    sel = batch.anchor_mask
-    with torch.no_grad():
-        target_logits = lm_head(batch.target_last[sel]).float()
+    bf16 = cfg.run.autocast == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = draft_outputs(drafter, batch)
+        sel = batch.anchor_mask
+        with torch.no_grad():
+            target_logits = lm_head(batch.target_last[sel]).float()
+    conf = None if out.conf_logits is None else out.conf_logits.float()
+    # The loss itself (softmaxes, L1 over the vocabulary, BCE) always runs in float32.
     terms = dspark_loss(
-        out.logits, target_logits, batch.labels[sel], batch.valid[sel], out.conf_logits, cfg.loss
+        out.logits.float(), target_logits, batch.labels[sel], batch.valid[sel], conf, cfg.loss
     )
-    return terms.total + cfg.optim.aux_loss_weight * out.aux_loss, terms
+    return terms.total + cfg.optim.aux_loss_weight * out.aux_loss.float(), terms
 
 
 # --------------------------------------------------------------------------- schedule / plan

@@ -161,3 +161,28 @@ def test_time_boxed_data_stage_trains_on_what_exists_and_completes_later(
     assert len(HiddenCache(tmp_path)) == 9
     assert {k: full[k] for k in first} == first
     assert len(full) == 3
+
+
+def test_bfloat16_sampling_leaves_the_float32_target_untouched(tmp_path: Path) -> None:
+    """``data.gen_dtype: bfloat16`` samples from a copy: the hidden-state pass that follows
+    must still see the exact float32 weights, and the manifest must pin the precision."""
+    model, prompts = tiny_llama(), tiny_prompts(4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bf16 = GenerationSettings(max_new_tokens=8, batch_size=2, seed=7, dtype="bfloat16")
+    kw = {"pad_token_id": PAD, "eos_token_ids": [EOS], "progress": False}
+    recs = generate_responses(model, prompts, tmp_path, bf16, **kw)
+    assert [r.id for r in recs] == [p.id for p in prompts]
+    assert all(1 <= len(r.response_ids) <= 8 for r in recs)
+    after = model.state_dict()
+    assert all(
+        after[k].dtype == torch.float32 and torch.equal(after[k], v) for k, v in before.items()
+    )
+    manifest = json.loads((tmp_path / RESPONSES_DIR / "manifest.json").read_text())
+    assert manifest["dtype"] == "bfloat16"
+    # Resuming the directory at another precision would mix two samplers: refused, named.
+    fp32 = GenerationSettings(max_new_tokens=8, batch_size=2, seed=7)
+    assert "dtype" not in fp32.manifest()  # float32 dirs made before the field still resume
+    with pytest.raises(ValueError, match="dtype"):
+        generate_responses(model, prompts, tmp_path, fp32, **kw)
+    with pytest.raises(ValueError, match=r"data\.gen_dtype"):
+        GenerationSettings(dtype="float16")

@@ -117,6 +117,43 @@ def test_resumed_run_matches_uninterrupted_run_bitwise(
     assert log_full == log_part
 
 
+@pytest.mark.parametrize("kind", ["dspark", "dflash", "eagle3"])
+def test_bfloat16_autocast_keeps_float32_state_and_the_same_loss(
+    kind: str, tiny_data_dir: Path, tmp_path: Path
+) -> None:
+    """``run.autocast: bfloat16`` changes only the matmul precision of the forward: on one
+    batch its loss agrees with the float32 loss to bf16 rounding (2 % relative), gradients
+    are finite float32, and a short run still learns and saves float32 weights."""
+    from dspark_sglang.training.trainer import batch_loss, iterate_batches
+
+    cfg32 = _tiny_cfg(kind, tiny_data_dir, tmp_path / "fp32", steps=12)
+    cfg16 = cfg32.with_overrides(run={"autocast": "bfloat16", "out_dir": str(tmp_path / "bf16")})
+    trainer = _trainer(cfg16, tiny_data_dir)
+    torch.manual_seed(0)
+    drafter = build_drafter(
+        cfg16, trainer.spec, trainer.hf_config, trainer.embed_tokens, trainer.lm_head, 3
+    )
+    tb = next(iterate_batches(trainer.cache, cfg16, 0, 0))[2]
+    loss32, _ = batch_loss(drafter, trainer.lm_head, tb, cfg32)
+    loss16, _ = batch_loss(drafter, trainer.lm_head, tb, cfg16)
+    assert loss16.dtype == torch.float32
+    l32, l16 = float(loss32.detach()), float(loss16.detach())
+    assert l16 != l32  # the flag took effect: bf16 rounding moved the loss...
+    assert l16 == pytest.approx(l32, rel=0.02)  # ...by no more than rounding would
+    loss16.backward()
+    grads = [p.grad for p in drafter.parameters() if p.requires_grad and p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+    res = trainer.train(progress=False)
+    log = [json.loads(x) for x in (tmp_path / "bf16" / "log.jsonl").read_text().splitlines()]
+    assert _mean([r["total"] for r in log[-3:]]) < _mean([r["total"] for r in log[:3]])
+    name = "ar_drafter.safetensors" if kind == "eagle3" else "model.safetensors"
+    saved = load_file(str(res.final_checkpoint / "drafter" / name))
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    with pytest.raises(ValueError, match=r"run\.autocast"):
+        cfg32.with_overrides(run={"autocast": "float16"})
+
+
 def test_mismatched_cache_layers_are_refused(tiny_data_dir: Path, tmp_path: Path) -> None:
     cfg = _tiny_cfg("eagle3", tiny_data_dir, tmp_path, steps=1)
     cfg = cfg.with_overrides(target={"layer_ids": (0, 1, 2)})
@@ -211,6 +248,8 @@ def test_ablation_configs_change_one_thing(
         ("scale/dflash_smollm2_1layer_x3", "scale/dflash_smollm2_1layer_x2"),
         ("scale/dspark_smollm2_1layer_r96_x4", "scale/dspark_smollm2_1layer_r96_x3"),
         ("scale/dflash_smollm2_1layer_x4", "scale/dflash_smollm2_1layer_x3"),
+        ("scale/dspark_smollm2_1layer_r96_x5", "scale/dspark_smollm2_1layer_r96_x3"),
+        ("scale/dflash_smollm2_1layer_x5", "scale/dflash_smollm2_1layer_x3"),
     ],
 )
 def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> None:
@@ -230,12 +269,15 @@ def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> 
         assert big.data.dir != ref.data.dir
 
 
-@pytest.mark.parametrize(("scale", "previous"), [("x2", None), ("x3", "x2"), ("x4", "x3")])
+@pytest.mark.parametrize(
+    ("scale", "previous"), [("x2", None), ("x3", "x2"), ("x4", "x3"), ("x5", None)]
+)
 def test_scale_pair_shares_data_and_schedule(scale: str, previous: str | None) -> None:
     """DSpark vs DFlash is only a head-to-head if both saw the same data for the same steps."""
     dspark = load_config(REPO / "configs" / "scale" / f"dspark_smollm2_1layer_r96_{scale}.yaml")
     dflash = load_config(REPO / "configs" / "scale" / f"dflash_smollm2_1layer_{scale}.yaml")
     assert dspark.data == dflash.data
+    assert dspark.run.autocast == dflash.run.autocast  # one precision for both
     assert (dspark.optim.max_steps, dspark.optim.warmup_steps) == (
         dflash.optim.max_steps,
         dflash.optim.warmup_steps,
