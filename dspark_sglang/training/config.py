@@ -69,9 +69,9 @@ class DataConfig:
     gen_batch_size: int = 16
     hidden_batch_size: int = 8
     seed: int = 0
-    # Precision of the *sampling* pass only. bfloat16 (AMX on these Xeons) samples ~1.9x
-    # faster; hidden states are always cached from the float32 target, which is what the
-    # drafter is conditioned on at serve time.
+    # Precision of the *sampling* pass only. bfloat16 (AMX on these Xeons) sampled 1.6x
+    # faster (benchmarks/training_precision.py); hidden states are always cached from the
+    # float32 target, which is what the drafter is conditioned on at serve time.
     gen_dtype: str = "float32"
 
     def __post_init__(self) -> None:

@@ -40,6 +40,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
+from dspark_sglang.training.config import COMPUTE_DTYPES
+
 RESPONSES_DIR = "responses"
 HIDDEN_DIR = "hidden"
 INDEX_FILE = "index.jsonl"
@@ -97,8 +99,8 @@ class GenerationSettings:
                 f"data.temperature must be > 0 (responses are sampled, as in the paper), "
                 f"got {self.temperature!r}"
             )
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"data.gen_dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
 
     def manifest(self) -> dict[str, object]:
         """The settings as pinned in a manifest. ``dtype`` is left out at its float32
