@@ -210,6 +210,9 @@ def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: P
         _tiny_cfg("dspark", tiny_data_dir, tmp_path, steps=1, markov_lr_scale=0.0)
 
 
+X5_DSPARK = "scale/dspark_smollm2_1layer_r96_x5"
+
+
 @pytest.mark.parametrize(
     ("ablation", "base", "field", "value"),
     [
@@ -222,6 +225,10 @@ def test_markov_head_gets_its_own_learning_rate(tiny_data_dir: Path, tmp_path: P
             96,
         ),
         ("ablations/dflash_smollm2_1layer", "dflash_smollm2", "num_hidden_layers", 1),
+        *(
+            (f"scale/dspark_smollm2_1layer_{head}_r96_x5", X5_DSPARK, "markov_head_type", head)
+            for head in ("gated", "rnn")
+        ),
     ],
 )
 def test_ablation_configs_change_one_thing(
@@ -236,6 +243,7 @@ def test_ablation_configs_change_one_thing(
     }
     for section in ("target", "data", "anchors", "loss", "optim"):
         assert getattr(abl, section) == getattr(ref, section), section
+    assert abl.run.autocast == ref.run.autocast  # one precision for both
     assert Path(abl.run.out_dir).name == Path(ablation).name != Path(ref.run.out_dir).name
 
 
