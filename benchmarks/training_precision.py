@@ -33,7 +33,7 @@ from transformers import GenerationConfig
 
 from dspark_sglang.training.cli import load_target
 from dspark_sglang.training.config import TrainConfig, load_config
-from dspark_sglang.training.datagen import load_responses
+from dspark_sglang.training.datagen import left_pad, load_responses
 from dspark_sglang.training.dataset import HiddenCache
 from dspark_sglang.training.trainer import batch_loss, build_drafter, iterate_batches
 
@@ -49,12 +49,7 @@ def bench_sampling(target: Any, data_dir: Path, rows: int, new_tokens: int, repe
     recs = load_responses(data_dir)[:rows]
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_ids[0]
-    width = max(len(r.prompt_ids) for r in recs)
-    ids = torch.full((len(recs), width), pad)
-    att = torch.zeros_like(ids)
-    for j, r in enumerate(recs):
-        ids[j, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-        att[j, width - len(r.prompt_ids) :] = 1
+    ids, att = left_pad([r.prompt_ids for r in recs], pad)
     # min_new_tokens: every row decodes the same number of steps in both precisions.
     gen = GenerationConfig(
         do_sample=True,

@@ -197,6 +197,21 @@ def _truncate_at_eos(ids: list[int], eos: set[int]) -> tuple[list[int], bool]:
 
 
 @torch.no_grad()
+def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` ``[N, max_len]``, prompts flush right.
+
+    Decoder-only ``generate`` appends after the last column, so every prompt must end
+    there; right padding would put pad tokens between a prompt and its response.
+    """
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for j, r in enumerate(rows):
+        input_ids[j, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+        attn[j, width - len(r) :] = 1
+    return input_ids, attn
+
+
 def generate_responses(
     model: PreTrainedModel,
     prompts: Sequence[EncodedPrompt],
@@ -255,12 +270,8 @@ def generate_responses(
         todo = todo[:max_batches]
     for b, rows in todo:
         batch = [prompts[i] for i in rows]
-        width = max(len(p.prompt_ids) for p in batch)
-        input_ids = torch.full((len(batch), width), int(pad_token_id), dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for j, p in enumerate(batch):
-            input_ids[j, width - len(p.prompt_ids) :] = torch.tensor(p.prompt_ids)
-            attn[j, width - len(p.prompt_ids) :] = 1
+        input_ids, attn = left_pad([p.prompt_ids for p in batch], pad_token_id)
+        width = input_ids.shape[1]
         torch.manual_seed(seed_for(settings.seed, b))
         t0 = time.perf_counter()
         out = model.generate(

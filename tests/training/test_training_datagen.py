@@ -17,6 +17,7 @@ from dspark_sglang.training.datagen import (
     GenerationSettings,
     cache_hidden_states,
     generate_responses,
+    left_pad,
     load_responses,
     read_index,
     throughput,
@@ -186,3 +187,22 @@ def test_bfloat16_sampling_leaves_the_float32_target_untouched(tmp_path: Path) -
         generate_responses(model, prompts, tmp_path, fp32, **kw)
     with pytest.raises(ValueError, match=r"data\.gen_dtype"):
         GenerationSettings(dtype="float16")
+
+
+def test_left_padded_rows_score_like_each_prompt_alone() -> None:
+    # Prompts of different lengths share one batch only if padding goes on the left and is
+    # masked: each row's last-position logits must then equal that prompt run on its own.
+    model = tiny_llama()
+    prompts = [p.prompt_ids for p in tiny_prompts(4)]
+    assert len({len(p) for p in prompts}) > 1
+    ids, attn = left_pad(prompts, PAD)
+    assert ids.shape == (4, max(len(p) for p in prompts))
+    for j, p in enumerate(prompts):
+        assert ids[j, ids.shape[1] - len(p) :].tolist() == list(p)
+        assert attn[j].sum() == len(p) and attn[j, -1] == 1
+    with torch.no_grad():
+        pos = (attn.cumsum(-1) - 1).clamp_min(0)
+        batched = model(ids, attention_mask=attn, position_ids=pos).logits[:, -1]
+        for j, p in enumerate(prompts):
+            alone = model(torch.tensor([p])).logits[0, -1]
+            torch.testing.assert_close(batched[j], alone, atol=1e-4, rtol=1e-4)
