@@ -14,6 +14,7 @@ acceptance traces. The load never feeds the table, so the error is out of sample
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,13 @@ from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
 
-__all__ = ["ValidationPoint", "ValidationSettings", "pick_prefill_prompts", "run_validation"]
+__all__ = [
+    "ValidationPoint",
+    "ValidationSettings",
+    "pick_decode_prompts",
+    "pick_prefill_prompts",
+    "run_validation",
+]
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class ValidationSettings:
     requests_per_client: int
     max_new_tokens: int
     warmup_fraction: float = 0.2
-    profile_decode_tokens: int = 32
+    profile_decode_tokens: int | None = None  # None: max_new_tokens, the load's output
     prefill_probes: int = 5
     sim_requests: int = 400
     temperature: float = 1.0
@@ -60,6 +67,10 @@ class ValidationSettings:
             raise ValueError(
                 f"requests_per_client must be >= 2 (a warm-up and a measured request), "
                 f"got {self.requests_per_client}"
+            )
+        if self.profile_decode_tokens is not None and self.profile_decode_tokens < 4:
+            raise ValueError(
+                f"profile_decode_tokens must be >= 4 (or None), got {self.profile_decode_tokens}"
             )
         if self.max_new_tokens < 2:
             raise ValueError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
@@ -103,6 +114,16 @@ def pick_prefill_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[l
     return [by_len[lengths[i]] for i in idx]
 
 
+def pick_decode_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[list[int]]:
+    """The ``count`` prompts nearest the median length: the decode probe's context should be
+    the load's typical one (``profile_server``)."""
+    if not prompts:
+        raise ValueError("pick_decode_prompts needs at least one prompt")
+    median = statistics.median(len(p) for p in prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (abs(len(prompts[i]) - median), i))
+    return [list(prompts[i]) for i in order[:count]]
+
+
 def run_validation(
     base_url: str,
     prompts: Sequence[Sequence[int]],
@@ -127,11 +148,11 @@ def run_validation(
     )
     profile = profile_server(
         send,
-        prompts[0],
+        pick_decode_prompts(prompts, max_c),
         list(range(1, max_c + 1)),
         pick_prefill_prompts(prompts, s.prefill_probes),
         verify_tokens_per_request=1 + s.static_k,
-        decode_tokens=s.profile_decode_tokens,
+        decode_tokens=s.profile_decode_tokens or s.max_new_tokens,
     )
     table = from_probes(profile.probes())
     points: list[ValidationPoint] = []

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dspark_sglang.bench.sim_validation import ValidationSettings, pick_prefill_prompts
+from dspark_sglang.bench.sim_validation import (
+    ValidationSettings,
+    pick_decode_prompts,
+    pick_prefill_prompts,
+)
 from dspark_sglang.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +50,23 @@ def test_prefill_probes_span_the_prompt_lengths() -> None:
         static_k=2, concurrencies=(1, 4), requests_per_client=3, max_new_tokens=8
     )
     assert s.num_requests(4) == 12
+
+
+def test_decode_probes_use_the_loads_typical_context() -> None:
+    # A step's cost grows with the context it attends over: the decode probe takes the
+    # prompts nearest the load's median length (ties by order), never just the first one.
+    prompts = [[i] * n for i, n in enumerate((200, 40, 81, 79, 120, 80))]
+    picked = pick_decode_prompts(prompts, 3)
+    assert [len(p) for p in picked] == [81, 80, 79]  # median 80.5; 81 and 80 tie, by order
+    assert [p[0] for p in picked] == [2, 5, 3]
+    assert len(pick_decode_prompts(prompts, 10)) == len(prompts)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        pick_decode_prompts([], 2)
+    with pytest.raises(ValueError, match="profile_decode_tokens"):
+        ValidationSettings(
+            static_k=2, concurrencies=(1,), requests_per_client=2, max_new_tokens=8,
+            profile_decode_tokens=2,
+        )  # fmt: skip
 
 
 def test_committed_validation_is_consistent() -> None:

@@ -143,19 +143,22 @@ def test_closed_loop_keeps_the_concurrency_and_hands_out_every_request() -> None
 
 def test_profile_server_times_decode_batches_and_prefills() -> None:
     barrier = threading.Barrier(2)  # times out unless both decode probes run at once
+    decoded: list[list[int]] = []
 
     def send(ids: list[int], max_new: int) -> RequestTimeline:
         t0 = time.perf_counter()
         if max_new == 1:  # prefill probe: time to first token grows with the prompt
             return RequestTimeline(t0, (t0 + 1e-4 * len(ids),), (1,))
+        decoded.append(list(ids))
         barrier.wait(timeout=5)
         times = tuple(t0 + 0.015 * i for i in range(max_new))
         return RequestTimeline(t0, times, tuple(range(1, max_new + 1)))
 
     prof = profile_server(
-        send, [1, 2, 3], [2], [[0] * 50, [0] * 80], verify_tokens_per_request=3,
+        send, [[1, 2, 3], [4, 5]], [2], [[0] * 50, [0] * 80], verify_tokens_per_request=3,
         decode_tokens=12, prefill_repeats=2,
     )  # fmt: skip
+    assert sorted(decoded) == [[1, 2, 3], [4, 5]]  # one request per given prompt
     assert prof.decode_seconds == {2: pytest.approx(0.015)}
     assert prof.prefill_seconds == {50: pytest.approx(0.005), 80: pytest.approx(0.008)}
     assert [b for b, _ in prof.probes()] == [6, 50, 80]
