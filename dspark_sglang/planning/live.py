@@ -383,8 +383,9 @@ def profile_server(
     requests sent at once, request ``j`` with ``decode_prompts[j % len]``. A step's cost
     grows with the KV context it attends over, so give prompts of the load's typical
     length and ``decode_tokens`` of its typical output: a short probe times steps the
-    load never runs (measured: +15 % per step at 2 requests, a 36-44 % throughput
-    over-prediction). Prefill: the median time to first token of a lone
+    load never runs (on the CPU server, closed-loop steps took 6 % and 15 % longer at 1
+    and 2 requests than a one-prompt, 32-token probe's). Prefill: the median time to
+    first token of a lone
     request, ``prefill_repeats`` times per prompt; run the server with the radix cache
     off, or repeats would hit the cached prompt and time nothing.
     """
