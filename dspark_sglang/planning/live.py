@@ -7,11 +7,11 @@ The check has three independent measurements of one running server:
 
 1. Step cost (``profile_server``): ``n`` requests of the load's typical length decoded
    together give one streamed chunk per engine step, so the median gap between chunks
-   while all ``n`` are running is the step time at ``n`` requests (``b = n * (1 + k)`` batch tokens
-   under a static-``k`` policy); a lone request with ``max_new_tokens = 1`` gives the
-   prefill step time at ``b`` = its prompt length. Together they form an SGLang
-   ``SpsCostTable`` of this server (decode and prefill probes do not overlap in ``b``
-   as long as ``n_max * (1 + k)`` stays below the shortest probed prompt).
+   while all ``n`` are running is the step time at ``n`` requests (``b = n * (1 + k)``
+   batch tokens under a static-``k`` policy); a lone request with ``max_new_tokens = 1``
+   gives the prefill step time at ``b`` = its prompt length. Together they form an
+   SGLang ``SpsCostTable`` of this server (decode and prefill probes do not overlap in
+   ``b`` as long as ``n_max * (1 + k)`` stays below the shortest probed prompt).
 2. Load (``closed_loop``): ``c`` clients each keep one streaming request in flight,
    over a fixed request list, recording when every chunk arrived.
 3. Prediction (``simulate``): the same policy, request lengths and concurrency on
@@ -385,9 +385,8 @@ def profile_server(
     length and ``decode_tokens`` of its typical output: a short probe times steps the
     load never runs (on the CPU server, closed-loop steps took 6 % and 15 % longer at 1
     and 2 requests than a one-prompt, 32-token probe's). Prefill: the median time to
-    first token of a lone
-    request, ``prefill_repeats`` times per prompt; run the server with the radix cache
-    off, or repeats would hit the cached prompt and time nothing.
+    first token of a lone request, ``prefill_repeats`` times per prompt; run the server
+    with the radix cache off, or repeats would hit the cached prompt and time nothing.
     """
     if not decode_prompts:
         raise ValueError("profile_server needs at least one decode prompt")

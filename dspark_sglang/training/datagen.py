@@ -196,7 +196,6 @@ def _truncate_at_eos(ids: list[int], eos: set[int]) -> tuple[list[int], bool]:
     return ids, False
 
 
-@torch.no_grad()
 def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)`` ``[N, max_len]``, prompts flush right.
 
@@ -212,6 +211,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Te
     return input_ids, attn
 
 
+@torch.no_grad()
 def generate_responses(
     model: PreTrainedModel,
     prompts: Sequence[EncodedPrompt],
