@@ -1,10 +1,11 @@
 """Accepted length per round of several drafters on several eval sets (paper Table 2, Figure 2).
 
 Why this shape: the paper's offline claim is a comparison of drafters at equal
-footing: temperature 1, the whole block verified every round (no scheduler, so
-the figure measures the drafter, not the policy), the bonus/correction token
-counted. Every drafter therefore runs through the same ``ReferenceGenerator``
-with the ``VerifyAll`` policy, the same prompts and the same seed.
+footing: temperature 1 by default, the whole block verified every round (no
+scheduler, so the figure measures the drafter, not the policy), the
+bonus/correction token counted. Every drafter therefore runs through the same
+``ReferenceGenerator`` with the ``VerifyAll`` policy, the same prompts, the same
+sampling settings and the same seed.
 
 Per drafter ``d`` and domain ``D`` (requests ``i``, each with ``n_i`` rounds and
 ``s_i = sum over its rounds of (accepted + 1)``):
@@ -59,7 +60,7 @@ DrafterKind = Literal["dspark", "dflash", "ar"]
 DSPARK_CONFIG = "config.json"
 AR_CONFIG = "ar_config.json"
 BENCH_SAMPLING = SamplingParams(temperature=1.0)
-"""The paper's setting: temperature 1, no top-k/top-p (SamplingParams' defaults)."""
+"""The paper's setting and the default: temperature 1, no top-k/top-p (SamplingParams' defaults)."""
 
 Progress = Callable[[str, str, int], object]
 """``(drafter, domain, emitted_tokens)``; called with 0 when a cell starts."""
@@ -427,12 +428,16 @@ def measure_acceptance(
     *,
     stop_token_ids: Sequence[int] | None = None,
     progress: Progress | None = None,
+    sampling: SamplingParams = BENCH_SAMPLING,
 ) -> AcceptanceReport:
     """Run every drafter on the first ``num_prompts`` prompts of every eval set.
 
     ``eval_sets`` maps a domain name to token-id prompts (already chat-encoded).
-    Temperature 1, every draft verified (``VerifyAll``), generator seed ``seed``
-    for every cell; stops at ``stop_token_ids`` (default: the target's EOS ids).
+    Every draft verified (``VerifyAll``), generator seed ``seed`` for every cell;
+    stops at ``stop_token_ids`` (default: the target's EOS ids). ``sampling``
+    defaults to the paper's temperature 1; other temperatures (0 = greedy) show
+    how a drafter's advantage moves with the serving temperature, and apply to
+    drafter and target alike, so verification stays lossless.
     """
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
@@ -450,9 +455,7 @@ def measure_acceptance(
         cells[name] = {}
         for dom, prompts in eval_sets.items():
             chosen = [list(p) for p in prompts[:num_prompts]]
-            gen = ReferenceGenerator(
-                target, proposer, VerifyAll(), sampling=BENCH_SAMPLING, seed=seed
-            )
+            gen = ReferenceGenerator(target, proposer, VerifyAll(), sampling=sampling, seed=seed)
             if progress is not None:
                 progress(name, dom, 0)
             t0 = time.perf_counter()
@@ -487,7 +490,7 @@ def measure_acceptance(
         num_prompts=num_prompts,
         max_new_tokens=max_new_tokens,
         seed=seed,
-        temperature=BENCH_SAMPLING.temperature,
+        temperature=sampling.temperature,
         policy=VerifyAll().name,
     )
 

@@ -3,10 +3,10 @@
 ``bench acceptance`` reproduces the DSpark paper's offline comparison on the
 CPU target: every ``--drafter NAME=PATH`` decodes the first ``--num-prompts``
 prompts of GSM8K test, HumanEval and MT-Bench (first turns) with the reference
-speculative generator at temperature 1, verifying all B drafts each round, and
-the command prints / writes the accepted length per round (bonus token
-included), its standard error, the position-wise conditional acceptance, and
-the relative gains between drafters.
+speculative generator at temperature 1 (or ``--temperature``), verifying all B
+drafts each round, and the command prints / writes the accepted length per
+round (bonus token included), its standard error, the position-wise conditional
+acceptance, and the relative gains between drafters.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ _EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
 _ACCEPTANCE_HELP = "Accepted length per round of several drafters on GSM8K, HumanEval, MT-Bench."
 _ACCEPTANCE_DESCRIPTION = """\
 Measure how many tokens per round each drafter gets accepted (paper Table 2 and
-Figure 2). Settings are the paper's: temperature 1, every one of the B drafts
-verified each round (policy verify_all), the bonus/correction token counted, the
-same prompts and seed for every drafter. Output: a table (rows drafters, columns
-eval sets + macro average, mean +- standard error over requests), relative gains
-of the first drafter over the others, a JSON with every per-round count
-(--out) and a two-panel PNG (--plot).
+Figure 2). Settings are the paper's: temperature 1 (--temperature sets another,
+0 = greedy), every one of the B drafts verified each round (policy verify_all),
+the bonus/correction token counted, the same prompts and seed for every
+drafter. Output: a table (rows drafters, columns eval sets + macro average,
+mean +- standard error over requests), relative gains of the first drafter over
+the others, a JSON with every per-round count (--out) and a two-panel PNG
+(--plot).
 
 A drafter PATH may be a checkpoint folder written by `dspark-sglang train`
 (runs/train/<run>/checkpoints/step-NNNNNN), its drafter/ subfolder, or the run
@@ -120,6 +121,13 @@ def _add_acceptance_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     a.add_argument("--seed", type=int, default=0, help="sampling seed (same for every drafter)")
     a.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of target and drafters alike (default 1, the paper's "
+        "setting; 0 = greedy: a draft is accepted while it equals the target's argmax)",
+    )
+    a.add_argument(
         "--out",
         type=Path,
         default=Path("benchmarks/results/acceptance.json"),
@@ -190,6 +198,10 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[st
         raise BenchUsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads < 1:
         raise BenchUsageError(f"--threads must be >= 1, got {args.threads}")
+    if not (0.0 <= args.temperature < float("inf")):
+        raise BenchUsageError(
+            f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"
+        )
     sets = [s.strip() for s in args.eval_sets.split(",") if s.strip()]
     bad = [s for s in sets if s not in _EVAL_SETS]
     if not sets or bad or len(set(sets)) != len(sets):
@@ -285,6 +297,7 @@ def _run_acceptance(args: argparse.Namespace) -> int:
     )
     from dspark_sglang.bench.plots import plot_acceptance
     from dspark_sglang.model.checkpoint import CheckpointError
+    from dspark_sglang.sampling import SamplingParams
 
     console = Console()
     try:
@@ -349,6 +362,7 @@ def _run_acceptance(args: argparse.Namespace) -> int:
             args.max_new_tokens,
             args.seed,
             progress=progress,
+            sampling=SamplingParams(temperature=args.temperature),
         )
         prog.update(task, completed=total)
 
@@ -363,6 +377,7 @@ def _run_acceptance(args: argparse.Namespace) -> int:
             "target": args.target,
             "threads": args.threads,
             "seed": args.seed,
+            "temperature": args.temperature,
             "out": str(args.out),
             "plot": str(args.plot) if args.plot else None,
             "traces_dir": str(args.traces_dir) if args.traces_dir else None,

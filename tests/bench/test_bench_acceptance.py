@@ -262,6 +262,18 @@ def test_cell_equals_an_independent_generator_run(
             assert cell.accept_length == pytest.approx(res.accept_length_mean)
             assert cell.num_tokens == res.num_tokens
             assert cell.num_rounds > 0
+    assert rep.temperature == 1.0
+    # Another temperature reaches both the drafters and the target: greedy cells equal
+    # independent greedy generator runs, and the report says which temperature it holds.
+    greedy = SamplingParams(temperature=0.0)
+    rep0 = measure_acceptance(target, proposers, prompts, 2, 10, seed=3, sampling=greedy)
+    assert rep0.temperature == 0.0 and rep0.to_dict()["settings"]["temperature"] == 0.0
+    for name, prop in proposers.items():
+        for dom, ps in prompts.items():
+            gen = ReferenceGenerator(target, prop, VerifyAll(), sampling=greedy, seed=3)
+            res = gen.generate(ps, 10, target.eos_token_ids)
+            got = [list(r) for r in rep0.cells[name][dom].accepted]
+            assert got == [[a for _, a in r] for r in res.rounds]
     # A skipped split continues where the first one stopped (disjoint STS fit/eval splits).
     later = load_eval_prompts(target, ["gsm8k"], 1, cache_dir=cache_dir, skip=1)
     assert later["gsm8k"] == prompts["gsm8k"][1:2]
@@ -292,6 +304,7 @@ def test_cli_end_to_end(
     assert data["drafters"] == ["dspark", "dflash", "ar"]
     assert data["domains"] == ["gsm8k", "humaneval", "mtbench"]
     assert data["settings"]["temperature"] == 1.0 and data["settings"]["policy"] == "verify_all"
+    assert data["command"]["temperature"] == 1.0
     assert {k: v["kind"] for k, v in data["checkpoints"].items()} == {
         "dspark": "dspark",
         "dflash": "dflash",
@@ -364,6 +377,8 @@ def test_cli_errors_name_the_flag(
         (["--drafter", ar, "--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--drafter", ar, "--skip-prompts", "-1"], "--skip-prompts must be >= 0"),
         (["--drafter", ar, "--eval-sets", "gsm8k,nope"], "--eval-sets"),
+        (["--drafter", ar, "--temperature", "-0.5"], "--temperature must be a finite number"),
+        (["--drafter", ar, "--temperature", "nan"], "--temperature must be a finite number"),
         (["--drafter", f"x={checkpoints['dspark'].parent}"], "unknown drafter kind"),
         (["--drafter", f"x={checkpoints['ar']}", "--target", str(tmp_path / "t")], "--target"),
     ]
