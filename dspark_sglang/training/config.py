@@ -5,6 +5,12 @@ ignored costs a 2-hour CPU run. Every section is a frozen dataclass that
 validates its own fields; unknown keys anywhere are refused with the allowed
 names listed. Relative paths in the file are resolved against the repository
 root (the parent of ``configs/``) so a run behaves the same from any cwd.
+
+Why ``base:``: an ablation or scale-up is only readable as "the recipe, with
+this changed". A config may name another config file (``base: x.yaml``,
+relative to its own folder); its mappings are merged key by key over the
+base's, so the file holds exactly the knobs it changes. It must still set its
+own ``name`` and ``run.out_dir``, or two runs would share one checkpoint folder.
 """
 
 from __future__ import annotations
@@ -281,13 +287,68 @@ class TrainConfig:
         return d
 
 
-def load_config(path: str | Path) -> TrainConfig:
-    """Parse and validate a YAML training config (paths relative to the repo root)."""
-    path = Path(path)
+BASE_KEY = "base"
+"""Top-level key naming the config file this one changes (see the module docstring)."""
+
+
+def merge_config(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` over ``base``: mappings merge key by key, anything else replaces.
+
+    Invariant: every key of either input is in the result, and a value from
+    ``changes`` wins wherever both hold a non-mapping (lists replace whole).
+    """
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = merge_config(old, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> Any:
+    """The YAML mapping of ``path`` with its ``base`` chain merged in (base first)."""
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, Mapping) or BASE_KEY not in raw:
+        return raw
+    raw = dict(raw)
+    parent = raw.pop(BASE_KEY)
+    if not isinstance(parent, str) or not parent.strip():
+        raise ValueError(
+            f"{path}: '{BASE_KEY}' must be the path of another config YAML, relative to "
+            f"{path.parent}; got {parent!r}"
+        )
+    parent_path = (path.parent / parent).resolve()
+    chain = (*seen, path.resolve())
+    if parent_path in chain:
+        loop = " -> ".join(p.name for p in (*chain, parent_path))
+        raise ValueError(f"{path}: '{BASE_KEY}' chain loops ({loop}); point it at the recipe")
+    if not parent_path.is_file():
+        raise ValueError(
+            f"{path}: '{BASE_KEY}: {parent}' not found (looked for {parent_path}); "
+            f"give a path relative to {path.parent}"
+        )
+    run = raw.get("run")
+    out_dir = run.get("out_dir") if isinstance(run, Mapping) else None
+    if not raw.get("name") or not out_dir:
+        raise ValueError(
+            f"{path}: a config with '{BASE_KEY}' must set its own 'name' and 'run.out_dir' "
+            "(inherited ones would make two runs share one checkpoint folder)"
+        )
+    base_raw = _read_raw(parent_path, chain)
+    if not isinstance(base_raw, Mapping):
+        raise ValueError(f"{parent_path} (the '{BASE_KEY}' of {path}) is not a YAML mapping")
+    return merge_config(base_raw, raw)
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Parse and validate a YAML training config (paths relative to the repo root)."""
+    path = Path(path)
+    raw = _read_raw(path)
     base = path.resolve().parent
     # Configs may live in subfolders (configs/ablations/): the root is above ``configs/``.
     configs_dir = next((d for d in (base, *base.parents) if d.name == "configs"), None)
