@@ -453,7 +453,17 @@ def _add_simval_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("--static-k", type=int, default=2, help="drafts verified per request and step")
     v.add_argument("--concurrency", default="1,2,4", help="comma-separated closed-loop levels")
     v.add_argument(
-        "--requests-per-client", type=int, default=4, help="requests per level = this x level"
+        "--requests-per-client",
+        type=int,
+        default=4,
+        help="requests per level = this x level, at least --min-requests",
+    )
+    v.add_argument(
+        "--min-requests",
+        type=int,
+        default=12,
+        help="fewest requests run at any level (warm-up included): low levels need enough "
+        "requests for their acceptance to match the traces'",
     )
     v.add_argument("--max-new-tokens", type=int, default=64, help="output tokens per request")
     v.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each eval set")
@@ -492,6 +502,7 @@ def _simval_settings(args: argparse.Namespace) -> Any:
             static_k=args.static_k,
             concurrencies=levels,
             requests_per_client=args.requests_per_client,
+            min_requests=args.min_requests,
             max_new_tokens=args.max_new_tokens,
             seed=args.seed,
         )

@@ -52,6 +52,7 @@ class ValidationSettings:
     requests_per_client: int
     max_new_tokens: int
     warmup_fraction: float = 0.2
+    min_requests: int = 12  # per level: at c = 1, 4 requests left the level to chance
     profile_decode_tokens: int | None = None  # None: max_new_tokens, the load's output
     prefill_probes: int = 5
     sim_requests: int = 400
@@ -68,6 +69,8 @@ class ValidationSettings:
                 f"requests_per_client must be >= 2 (a warm-up and a measured request), "
                 f"got {self.requests_per_client}"
             )
+        if self.min_requests < 1:
+            raise ValueError(f"min_requests must be >= 1, got {self.min_requests}")
         if self.profile_decode_tokens is not None and self.profile_decode_tokens < 4:
             raise ValueError(
                 f"profile_decode_tokens must be >= 4 (or None), got {self.profile_decode_tokens}"
@@ -78,7 +81,13 @@ class ValidationSettings:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
     def num_requests(self, concurrency: int) -> int:
-        return self.requests_per_client * concurrency
+        """Requests run at one level, warm-up included.
+
+        ``requests_per_client`` per client keeps every client busy past the warm-up;
+        the ``min_requests`` floor keeps low levels from resting on a handful of
+        requests, whose acceptance alone can move their throughput by a third.
+        """
+        return max(self.requests_per_client * concurrency, self.min_requests)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
         (["--concurrency", "1,x"], "--concurrency"),
         (["--concurrency", "0,2"], "concurrencies must be >= 1"),
         (["--requests-per-client", "1"], "requests_per_client must be >= 2"),
+        (["--min-requests", "0"], "min_requests must be >= 1"),
         (["--static-k", "0"], "static_k must be >= 1"),
         (["--threads", "0"], "--threads"),
         (["--drafter", "/nonexistent/drafter"], "no config.json"),
@@ -49,7 +50,12 @@ def test_prefill_probes_span_the_prompt_lengths() -> None:
     s = ValidationSettings(
         static_k=2, concurrencies=(1, 4), requests_per_client=3, max_new_tokens=8
     )
-    assert s.num_requests(4) == 12
+    # Per client at high levels; never fewer than min_requests (12 by default) at low ones.
+    assert [s.num_requests(c) for c in (1, 2, 4, 5)] == [12, 12, 12, 15]
+    s = ValidationSettings(
+        static_k=2, concurrencies=(1,), requests_per_client=3, max_new_tokens=8, min_requests=2
+    )
+    assert s.num_requests(1) == 3
 
 
 def test_decode_probes_use_the_loads_typical_context() -> None:
