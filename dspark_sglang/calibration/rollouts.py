@@ -21,10 +21,10 @@ Invariants of ``Rollouts``: ``0 <= accepted <= verified <= B`` and finite logits
 from __future__ import annotations
 
 import glob
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 import torch
@@ -188,22 +188,35 @@ def decode_jsonl(path: Path, record_type: type[_Row]) -> list[_Row]:
     return rows
 
 
-def _load_jsonl(path: Path) -> Rollouts:
-    src = str(path)
-    rows = decode_jsonl(path, RolloutRecord)
+class _HasLogits(Protocol):
+    confidence_logits: list[float]
+
+
+def stack_round_logits(rows: Sequence[_HasLogits], src: str) -> torch.Tensor:
+    """``[rounds, B]`` float32 confidence logits of decoded rows, one block size for all.
+
+    Shared by calibration rollouts and the planner's acceptance traces: a ragged file
+    would otherwise fail later inside ``torch.tensor`` without naming the line.
+    """
     if not rows:
         raise ValueError(f"{src}: no rounds in file")
     b = len(rows[0].confidence_logits)
     for i, r in enumerate(rows):
         if len(r.confidence_logits) != b:
             raise ValueError(
-                f"{src}: line {i + 1} has {len(r.confidence_logits)} confidence_logits, "
-                f"the first line has {b}; every round needs the same block size"
+                f"{src}: round {i + 1} has {len(r.confidence_logits)} confidence_logits, "
+                f"the first has {b}; every round needs the same block size"
             )
+    return torch.tensor([r.confidence_logits for r in rows], dtype=torch.float32)
+
+
+def _load_jsonl(path: Path) -> Rollouts:
+    src = str(path)
+    rows = decode_jsonl(path, RolloutRecord)
+    z = stack_round_logits(rows, src)
     has_ver = [r.verified is not None for r in rows]
     if any(has_ver) and not all(has_ver):
         raise ValueError(f"{src}: 'verified' must be given on every line or on none")
-    z = torch.tensor([r.confidence_logits for r in rows], dtype=torch.float32)
     acc = torch.tensor([r.accepted for r in rows], dtype=torch.int64)
     ver = torch.tensor([r.verified for r in rows], dtype=torch.int64) if all(has_ver) else None
     try:

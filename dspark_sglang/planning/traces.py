@@ -40,7 +40,7 @@ from statistics import NormalDist
 import msgspec
 import torch
 
-from dspark_sglang.calibration.rollouts import check_round_logits, decode_jsonl
+from dspark_sglang.calibration.rollouts import check_round_logits, decode_jsonl, stack_round_logits
 
 __all__ = [
     "AcceptanceTraces",
@@ -192,15 +192,7 @@ class TraceRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _from_records(rows: Sequence[TraceRecord], src: str) -> AcceptanceTraces:
-    if not rows:
-        raise ValueError(f"{src}: no rounds in file")
-    b = len(rows[0].confidence_logits)
-    for i, r in enumerate(rows):
-        if len(r.confidence_logits) != b:
-            raise ValueError(
-                f"{src}: line {i + 1} has {len(r.confidence_logits)} confidence_logits, the "
-                f"first has {b}; every round needs the same block size"
-            )
+    logits = stack_round_logits(rows, src)
     domains = tuple(dict.fromkeys(r.domain for r in rows))
     index = {d: i for i, d in enumerate(domains)}
     try:
@@ -208,9 +200,7 @@ def _from_records(rows: Sequence[TraceRecord], src: str) -> AcceptanceTraces:
             request_id=torch.tensor([r.request_id for r in rows], dtype=torch.int64),
             domain_index=torch.tensor([index[r.domain] for r in rows], dtype=torch.int64),
             domains=domains,
-            confidence_logits=torch.tensor(
-                [r.confidence_logits for r in rows], dtype=torch.float32
-            ),
+            confidence_logits=logits,
             accepted=torch.tensor([r.accepted for r in rows], dtype=torch.int64),
         )
     except ValueError as exc:

@@ -76,6 +76,15 @@ def test_rejects_malformed_files(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"r.jsonl:2: accepted = 3 must lie in 0..2"):
         load_rollouts([lines])
+    lines.write_text(
+        '{"confidence_logits": [0.1, 0.2], "accepted": 1}\n'
+        '{"confidence_logits": [0.1, 0.2, 0.3], "accepted": 0}\n'
+    )
+    with pytest.raises(ValueError, match=r"r.jsonl: round 2 has 3 confidence_logits, the first"):
+        load_rollouts([lines])
+    lines.write_text("\n")
+    with pytest.raises(ValueError, match=r"r.jsonl: no rounds in file"):
+        load_rollouts([lines])
     lines.write_text('{"confidence_logits": [0.1], "accepted": 0, "extra": 1}\n')
     with pytest.raises(ValueError, match="unknown field `extra`"):
         load_rollouts([lines])

@@ -86,6 +86,12 @@ def test_validation_names_field(tmp_path: Path) -> None:
     bad.write_text('{"request_id": 0, "domain": "x", "confidence_logits": [0.1], "accepted": 2}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: .*accepted = 2 must lie in 0..1"):
         load_traces(bad)
+    bad.write_text(
+        '{"request_id": 0, "domain": "x", "confidence_logits": [0.1, 0.2], "accepted": 0}\n'
+        '{"request_id": 0, "domain": "x", "confidence_logits": [0.1], "accepted": 0}\n'
+    )
+    with pytest.raises(ValueError, match=r"bad.jsonl: round 2 has 1 confidence_logits"):
+        load_traces(bad)
 
 
 def test_synthetic_has_requested_acceptance_and_auc() -> None:
