@@ -391,3 +391,43 @@ def test_cli_errors_name_the_flag(
 def test_bench_without_benchmark_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench"]) == 2
     assert "acceptance" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- committed runs
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = sorted(
+    str(p.relative_to(REPO))
+    for p in (REPO / "benchmarks" / "results").rglob("*.json")
+    if json.loads(p.read_text()).get("benchmark") == "acceptance"
+)
+
+
+@pytest.mark.parametrize("rel", COMMITTED)
+def test_committed_acceptance_figures_follow_from_their_rounds(rel: str) -> None:
+    """Every figure the READMEs quote is recomputed from the stored per-round counts."""
+    data = json.loads((REPO / rel).read_text())
+    settings = data["settings"]
+    assert settings["policy"] == "verify_all" and settings["bonus_token_included"] is True
+    assert settings["temperature"] == data["command"].get("temperature", 1.0)
+    macro: dict[str, float] = {}
+    for name in data["drafters"]:
+        lengths = []
+        for dom in data["domains"]:
+            cell = data["results"][name][dom]
+            rounds = cell["accepted_per_round"]
+            flat = [a for r in rounds for a in r]
+            block = len(cell["position_reached"])
+            assert len(rounds) == cell["num_requests"] <= settings["num_prompts"]
+            assert all(0 <= a <= block for a in flat)
+            mean, se = accept_length_stats(rounds)
+            assert cell["accept_length"] == pytest.approx(mean)
+            assert cell["accept_length_stderr"] == pytest.approx(se)
+            assert cell["position_reached"] == [sum(a >= k for a in flat) for k in range(block)]
+            assert cell["position_accepted"] == [sum(a > k for a in flat) for k in range(block)]
+            lengths.append(mean)
+        macro[name] = sum(lengths) / len(lengths)
+        assert data["macro"][name]["accept_length"] == pytest.approx(macro[name])
+    for a, row in data["gains_percent"].items():
+        for b, gains in row.items():
+            assert gains["macro"] == pytest.approx(100 * (macro[a] / macro[b] - 1))
