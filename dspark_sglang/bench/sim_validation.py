@@ -54,6 +54,7 @@ class ValidationSettings:
     warmup_fraction: float = 0.2
     min_requests: int = 12  # per level: at c = 1, 4 requests left the level to chance
     profile_decode_tokens: int | None = None  # None: max_new_tokens, the load's output
+    profile_repeats: int = 3  # decode probes per batch size (median kept; planning.live)
     prefill_probes: int = 5
     sim_requests: int = 400
     temperature: float = 1.0
@@ -69,6 +70,8 @@ class ValidationSettings:
                 f"requests_per_client must be >= 2 (a warm-up and a measured request), "
                 f"got {self.requests_per_client}"
             )
+        if self.profile_repeats < 1:
+            raise ValueError(f"profile_repeats must be >= 1, got {self.profile_repeats}")
         if self.min_requests < 1:
             raise ValueError(f"min_requests must be >= 1, got {self.min_requests}")
         if self.profile_decode_tokens is not None and self.profile_decode_tokens < 4:
@@ -162,6 +165,7 @@ def run_validation(
         pick_prefill_prompts(prompts, s.prefill_probes),
         verify_tokens_per_request=1 + s.static_k,
         decode_tokens=s.profile_decode_tokens or s.max_new_tokens,
+        decode_repeats=s.profile_repeats,
     )
     table = from_probes(profile.probes())
     points: list[ValidationPoint] = []

@@ -376,6 +376,7 @@ def profile_server(
     verify_tokens_per_request: int,
     decode_tokens: int = 32,
     prefill_repeats: int = 3,
+    decode_repeats: int = 3,
 ) -> ServerProfile:
     """Measure decode step time at each ``batch_sizes`` and prefill time per prompt.
 
@@ -384,18 +385,30 @@ def profile_server(
     grows with the KV context it attends over, so give prompts of the load's typical
     length and ``decode_tokens`` of its typical output: a short probe times steps the
     load never runs (on the CPU server, closed-loop steps took 6 % and 15 % longer at 1
-    and 2 requests than a one-prompt, 32-token probe's). Prefill: the median time to
-    first token of a lone request, ``prefill_repeats`` times per prompt; run the server
-    with the radix cache off, or repeats would hit the cached prompt and time nothing.
+    and 2 requests than a one-prompt, 32-token probe's). Each batch size is probed
+    ``decode_repeats`` times and the median kept, after one discarded run of the first
+    batch size: a single probe of one request on a fresh server once came out 15 %
+    slower than the closed-loop steps that followed it, and that one figure set the
+    whole level's prediction. Prefill: the median time to first token of a lone
+    request, ``prefill_repeats`` times per prompt; run the server with the radix cache
+    off, or repeats would hit the cached prompt and time nothing.
     """
     if not decode_prompts:
         raise ValueError("profile_server needs at least one decode prompt")
-    decode: dict[int, float] = {}
-    for n in batch_sizes:
+    if decode_repeats < 1:
+        raise ValueError(f"decode_repeats must be >= 1, got {decode_repeats}")
+
+    def probe(n: int) -> float:
         ids = [decode_prompts[j % len(decode_prompts)] for j in range(n)]
         with ThreadPoolExecutor(max_workers=n) as pool:
             out = list(pool.map(lambda p: send(p, decode_tokens), ids))
-        decode[n] = decode_step_time(out)
+        return decode_step_time(out)
+
+    decode: dict[int, float] = {}
+    if batch_sizes:
+        probe(batch_sizes[0])  # warm-up, not recorded
+    for n in batch_sizes:
+        decode[n] = float(statistics.median(probe(n) for _ in range(decode_repeats)))
     prefill: dict[int, float] = {}
     for ids in prefill_prompts:
         ttft = []

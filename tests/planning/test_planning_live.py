@@ -144,21 +144,28 @@ def test_closed_loop_keeps_the_concurrency_and_hands_out_every_request() -> None
 def test_profile_server_times_decode_batches_and_prefills() -> None:
     barrier = threading.Barrier(2)  # times out unless both decode probes run at once
     decoded: list[list[int]] = []
+    # Step time per decode batch, in order: a slow warm-up, then three repeats, one an
+    # outlier. Only the repeats' median may reach the profile.
+    steps = [0.5, 0.5, 0.015, 0.015, 0.09, 0.09, 0.017, 0.017]
+    lock = threading.Lock()
 
     def send(ids: list[int], max_new: int) -> RequestTimeline:
         t0 = time.perf_counter()
         if max_new == 1:  # prefill probe: time to first token grows with the prompt
             return RequestTimeline(t0, (t0 + 1e-4 * len(ids),), (1,))
-        decoded.append(list(ids))
+        with lock:
+            step = steps[len(decoded)]
+            decoded.append(list(ids))
         barrier.wait(timeout=5)
-        times = tuple(t0 + 0.015 * i for i in range(max_new))
+        times = tuple(t0 + step * i for i in range(max_new))
         return RequestTimeline(t0, times, tuple(range(1, max_new + 1)))
 
     prof = profile_server(
         send, [[1, 2, 3], [4, 5]], [2], [[0] * 50, [0] * 80], verify_tokens_per_request=3,
-        decode_tokens=12, prefill_repeats=2,
+        decode_tokens=12, prefill_repeats=2, decode_repeats=3,
     )  # fmt: skip
-    assert sorted(decoded) == [[1, 2, 3], [4, 5]]  # one request per given prompt
-    assert prof.decode_seconds == {2: pytest.approx(0.015)}
+    assert len(decoded) == 8  # warm-up + 3 repeats, two requests each
+    assert sorted(decoded[:2]) == [[1, 2, 3], [4, 5]]  # one request per given prompt
+    assert prof.decode_seconds == {2: pytest.approx(0.017)}
     assert prof.prefill_seconds == {50: pytest.approx(0.005), 80: pytest.approx(0.008)}
     assert [b for b, _ in prof.probes()] == [6, 50, 80]
