@@ -6,9 +6,11 @@ real server, this module produces the numbers (``bench sim-validation``).
 
 Procedure (one server, static-``k`` policy so the verify budget is known):
 profile the server's decode and prefill step times into an ``SpsCostTable``, then
-for each concurrency run a closed-loop load of real eval prompts at temperature 1
-and simulate the same load on that table, replaying the drafter's recorded
-acceptance traces. The load never feeds the table, so the error is out of sample.
+for each concurrency ``c`` time the decode step at ``c`` requests again (the table's
+entry the load leans on, measured seconds before it), run a closed-loop load of real
+eval prompts at temperature 1 and simulate the same load on that level's table,
+replaying the drafter's recorded acceptance traces. The load never feeds the table,
+so the error is out of sample.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ValidationSettings:
     min_requests: int = 12  # per level: at c = 1, 4 requests left the level to chance
     profile_decode_tokens: int | None = None  # None: max_new_tokens, the load's output
     profile_repeats: int = 3  # decode probes per batch size (median kept; planning.live)
+    reprofile_each_level: bool = True  # re-probe decode at c requests right before level c
     prefill_probes: int = 5
     sim_requests: int = 400
     temperature: float = 1.0
@@ -99,6 +102,7 @@ class ValidationPoint:
 
     predicted: SimResult
     measured: LiveMeasurement
+    table: SpsCostTable | None = None  # the table this level was simulated on
 
     @property
     def error(self) -> dict[str, float]:
@@ -111,6 +115,7 @@ class ValidationPoint:
             "predicted": self.predicted.to_dict(),
             "measured": self.measured.__dict__,
             "error": self.error,
+            **({} if self.table is None else {"cost_table": json.loads(self.table.to_json())}),
         }
 
 
@@ -170,6 +175,23 @@ def run_validation(
     table = from_probes(profile.probes())
     points: list[ValidationPoint] = []
     for c in s.concurrencies:
+        level_table = table
+        if s.reprofile_each_level:
+            # The dev VM's speed drifts by 15-25 % over minutes (benchmarks/README.md): the
+            # step at c requests, which the load runs nearly all the time, is timed again
+            # seconds before the load instead of once, minutes before it.
+            progress(f"re-profiling decode at {c} requests")
+            fresh = profile_server(
+                send,
+                pick_decode_prompts(prompts, c),
+                [c],
+                [],
+                verify_tokens_per_request=1 + s.static_k,
+                decode_tokens=s.profile_decode_tokens or s.max_new_tokens,
+                decode_repeats=s.profile_repeats,
+                warmup=False,
+            )
+            level_table = from_probes(profile.with_decode(fresh.decode_seconds).probes())
         n_req = s.num_requests(c)
         progress(f"closed loop: concurrency {c}, {n_req} requests x {s.max_new_tokens} tokens")
         run = closed_loop(lambda i: send(prompts[i % len(prompts)], s.max_new_tokens), n_req, c)
@@ -184,7 +206,7 @@ def run_validation(
         weights = {d: used_domains.count(d) / n_req for d in traces.domains}
         predicted = simulate(
             traces,
-            table,
+            level_table,
             build_policy("static", k=s.static_k),
             lengths,
             SimConfig(
@@ -197,7 +219,7 @@ def run_validation(
                 seed=s.seed,
             ),
         )
-        points.append(ValidationPoint(predicted, measured))
+        points.append(ValidationPoint(predicted, measured, level_table))
         err = points[-1].error
         progress(
             f"  c={c}: throughput {measured.throughput:.2f} tok/s measured, "

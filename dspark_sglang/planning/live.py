@@ -359,6 +359,14 @@ class ServerProfile:
         pts.update({p: 1.0 / s for p, s in self.prefill_seconds.items()})
         return sorted(pts.items())
 
+    def with_decode(self, decode_seconds: dict[int, float]) -> ServerProfile:
+        """This profile with some decode probes replaced by fresher ones."""
+        return ServerProfile(
+            self.verify_tokens_per_request,
+            {**self.decode_seconds, **decode_seconds},
+            dict(self.prefill_seconds),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verify_tokens_per_request": self.verify_tokens_per_request,
@@ -377,6 +385,7 @@ def profile_server(
     decode_tokens: int = 32,
     prefill_repeats: int = 3,
     decode_repeats: int = 3,
+    warmup: bool = True,
 ) -> ServerProfile:
     """Measure decode step time at each ``batch_sizes`` and prefill time per prompt.
 
@@ -387,11 +396,12 @@ def profile_server(
     load never runs (on the CPU server, closed-loop steps took 6 % and 15 % longer at 1
     and 2 requests than a one-prompt, 32-token probe's). Each batch size is probed
     ``decode_repeats`` times and the median kept, after one discarded run of the first
-    batch size: a single probe of one request on a fresh server once came out 15 %
-    slower than the closed-loop steps that followed it, and that one figure set the
-    whole level's prediction. Prefill: the median time to first token of a lone
-    request, ``prefill_repeats`` times per prompt; run the server with the radix cache
-    off, or repeats would hit the cached prompt and time nothing.
+    batch size (``warmup``; skip it on a server that has just served): a single probe
+    of one request on a fresh server once came out 15 % slower than the closed-loop
+    steps that followed it, and that one figure set the whole level's prediction.
+    Prefill: the median time to first token of a lone request, ``prefill_repeats``
+    times per prompt; run the server with the radix cache off, or repeats would hit
+    the cached prompt and time nothing.
     """
     if not decode_prompts:
         raise ValueError("profile_server needs at least one decode prompt")
@@ -405,8 +415,8 @@ def profile_server(
         return decode_step_time(out)
 
     decode: dict[int, float] = {}
-    if batch_sizes:
-        probe(batch_sizes[0])  # warm-up, not recorded
+    if warmup and batch_sizes:
+        probe(batch_sizes[0])  # not recorded
     for n in batch_sizes:
         decode[n] = float(statistics.median(probe(n) for _ in range(decode_repeats)))
     prefill: dict[int, float] = {}

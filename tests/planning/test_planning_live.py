@@ -167,5 +167,18 @@ def test_profile_server_times_decode_batches_and_prefills() -> None:
     assert len(decoded) == 8  # warm-up + 3 repeats, two requests each
     assert sorted(decoded[:2]) == [[1, 2, 3], [4, 5]]  # one request per given prompt
     assert prof.decode_seconds == {2: pytest.approx(0.017)}
+    # A fresher probe replaces its batch size's entry and nothing else.
+    fresh = prof.with_decode({2: 0.02})
+    assert fresh.decode_seconds == {2: 0.02} and fresh.prefill_seconds == prof.prefill_seconds
+    assert prof.decode_seconds == {2: pytest.approx(0.017)}
+    # Without the warm-up, the first decode batch is already a recorded repeat.
+    decoded.clear()
+    steps[:] = [0.04, 0.04, 0.5, 0.5, 0.03, 0.03]
+    again = profile_server(
+        send, [[1, 2, 3], [4, 5]], [2], [], verify_tokens_per_request=3, decode_tokens=12,
+        decode_repeats=3, warmup=False,
+    )  # fmt: skip
+    assert len(decoded) == 6 and again.decode_seconds == {2: pytest.approx(0.04)}
+    assert again.prefill_seconds == {}
     assert prof.prefill_seconds == {50: pytest.approx(0.005), 80: pytest.approx(0.008)}
     assert [b for b, _ in prof.probes()] == [6, 50, 80]
