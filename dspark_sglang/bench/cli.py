@@ -421,17 +421,18 @@ policy, radix cache off) unless --base-url points at one already running with th
 same settings, then:
   1. profiles the server: decode step time at 1..max(concurrency) requests and
      prefill time of a few real prompts -> an SGLang SpsCostTable of this server;
-  2. for each --concurrency runs a closed loop of real eval prompts (GSM8K,
+  2. for each --concurrency c: times the decode step at c requests again (the
+     machine's speed drifts), then runs a closed loop of real eval prompts (GSM8K,
      HumanEval, MT-Bench, chat template, temperature 1, EOS ignored);
-  3. simulates the same load on that table, replaying --traces (acceptance of the
-     same drafter recorded by `bench acceptance --traces-dir`).
+  3. simulates the same load on that level's table, replaying --traces
+     (acceptance of the same drafter recorded by `bench acceptance --traces-dir`).
 Prints predicted vs measured throughput and per-user speed (p50, p90) with the
 relative error, writes a JSON (--out) and a PNG (--plot). The load never feeds
 the table: the prediction is out of sample. Timings on a shared machine are
 noisy; run it when nothing else is running.
 """
 _SIMVAL_EPILOG = """\
-example (about 10 minutes on 2 cores):
+example (about 20 minutes on 2 cores):
   dspark-sglang bench sim-validation --concurrency 1,2,4 --static-k 2
 """
 _DEFAULT_TRACES = "benchmarks/results/traces/smollm2_dspark_{gsm8k,humaneval,mtbench}.jsonl"
