@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dspark_sglang.planning.live import (
     LiveMeasurement,
+    LoadSteps,
     ServerProfile,
     closed_loop,
+    load_steps,
     prediction_error,
     profile_server,
     stream_generate,
@@ -103,6 +107,8 @@ class ValidationPoint:
     predicted: SimResult
     measured: LiveMeasurement
     table: SpsCostTable | None = None  # the table this level was simulated on
+    probe_step_s: float | None = None  # the table's decode step at c requests
+    steps: LoadSteps | None = None  # the load's own steps (planning.live.load_steps)
 
     @property
     def error(self) -> dict[str, float]:
@@ -116,7 +122,20 @@ class ValidationPoint:
             "measured": self.measured.__dict__,
             "error": self.error,
             **({} if self.table is None else {"cost_table": json.loads(self.table.to_json())}),
+            **({} if self.steps is None else {"load_steps": self._steps_dict(self.steps)}),
         }
+
+    def _steps_dict(self, steps: LoadSteps) -> dict[str, Any]:
+        d = steps.to_dict()
+        sim = self.predicted.details
+        if sim is not None:  # what the simulator charged per arrival, to set against stalls
+            admitted = int(np.count_nonzero(~np.isnan(sim.req_admit)))
+            prefill = float(sim.step_time[sim.step_decoding == 0].sum())
+            d["simulated_prefill_per_request_s"] = prefill / max(admitted, 1)
+        if self.probe_step_s:
+            d["probe_step_s"] = self.probe_step_s
+            d["quiet_vs_probe"] = steps.quiet_step_s / self.probe_step_s - 1.0
+        return d
 
 
 def pick_prefill_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[list[int]]:
@@ -176,6 +195,7 @@ def run_validation(
     points: list[ValidationPoint] = []
     for c in s.concurrencies:
         level_table = table
+        probe_step = profile.decode_seconds.get(c)
         if s.reprofile_each_level:
             # The dev VM's speed drifts by 15-25 % over minutes (benchmarks/README.md): the
             # step at c requests, which the load runs nearly all the time, is timed again
@@ -192,10 +212,16 @@ def run_validation(
                 warmup=False,
             )
             level_table = from_probes(profile.with_decode(fresh.decode_seconds).probes())
+            probe_step = fresh.decode_seconds[c]
         n_req = s.num_requests(c)
         progress(f"closed loop: concurrency {c}, {n_req} requests x {s.max_new_tokens} tokens")
         run = closed_loop(lambda i: send(prompts[i % len(prompts)], s.max_new_tokens), n_req, c)
         measured = summarise_load(run, s.warmup_fraction)
+        try:
+            steps: LoadSteps | None = load_steps(run)
+        except ValueError as exc:  # a diagnostic: never lose the level over it
+            progress(f"  c={c}: no step breakdown ({exc})")
+            steps = None
         used = [prompts[i % len(prompts)] for i in range(n_req)]
         used_domains = [domains[i % len(prompts)] for i in range(n_req)]
         lengths = LengthDistribution(
@@ -219,12 +245,19 @@ def run_validation(
                 seed=s.seed,
             ),
         )
-        points.append(ValidationPoint(predicted, measured, level_table))
+        points.append(ValidationPoint(predicted, measured, level_table, probe_step, steps))
         err = points[-1].error
         progress(
             f"  c={c}: throughput {measured.throughput:.2f} tok/s measured, "
             f"{predicted.throughput:.2f} predicted ({err['throughput']:+.1%})"
         )
+        if steps is not None and probe_step:
+            st = steps.to_dict()
+            progress(
+                f"  c={c}: the load's quiet decode step {st['quiet_step_s']:.3f} s vs the "
+                f"probe's {probe_step:.3f} s ({st['quiet_step_s'] / probe_step - 1:+.1%}); "
+                f"{st['arrivals']} arrivals held the others up {st['arrival_stall_total_s']:.1f} s"
+            )
     return profile, table, points
 
 

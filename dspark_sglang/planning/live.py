@@ -43,10 +43,12 @@ from dspark_sglang.planning.simulator import SimResult
 __all__ = [
     "LiveMeasurement",
     "LoadRun",
+    "LoadSteps",
     "RequestTimeline",
     "ServerProfile",
     "closed_loop",
     "decode_step_time",
+    "load_steps",
     "prediction_error",
     "profile_server",
     "stream_generate",
@@ -309,6 +311,82 @@ def summarise_load(run: LoadRun, warmup_fraction: float = 0.2) -> LiveMeasuremen
         completed=len(speeds),
         window_s=t1 - t0,
     )
+
+
+@dataclass(frozen=True)
+class LoadSteps:
+    """A closed loop's own engine steps, to set against the probe that priced them.
+
+    Why: when a level's prediction misses, the miss is either in the decode step (the
+    load stepped slower than the probe of ``c`` requests: the machine drifted, or the
+    probe is not what the load runs) or in what each arrival costs the requests already
+    running (the simulator charges one lone prefill). The chunk gaps tell them apart.
+
+    ``quiet_gaps``: ``(start, gap)`` of every chunk gap while the first ``c`` requests
+    had all started decoding and before ``steady_end``, that overlaps no arrival (a
+    request after the first ``c``, from its submission to its first chunk).
+    ``arrival_stall_s``: per arrival in that window, how much longer the requests
+    decoding through it took, from their last chunk at or before its submission to their
+    first chunk after its first chunk, than that many of their own quiet steps (median
+    over those requests).
+    """
+
+    quiet_gaps: tuple[tuple[float, float], ...]
+    arrival_stall_s: tuple[float, ...]
+
+    @property
+    def quiet_step_s(self) -> float:
+        return float(statistics.median(g for _, g in self.quiet_gaps))
+
+    def to_dict(self) -> dict[str, Any]:
+        stalls = self.arrival_stall_s
+        return {
+            "quiet_step_s": self.quiet_step_s,
+            "quiet_gaps": len(self.quiet_gaps),
+            "arrivals": len(stalls),
+            "arrival_stall_median_s": float(statistics.median(stalls)) if stalls else None,
+            "arrival_stall_total_s": float(sum(stalls)),
+        }
+
+
+def load_steps(run: LoadRun, skip_chunks: int = 2) -> LoadSteps:
+    """Split a closed loop's chunk gaps into quiet steps and arrival stalls (``LoadSteps``)."""
+    tls = run.timelines
+    c = run.concurrency
+    arrivals = [(tl.submit, tl.first) for tl in tls[c:]]
+    t_lo = max(tl.times[min(skip_chunks, len(tl.times) - 1)] for tl in tls[:c])
+    t_hi = run.steady_end
+    quiet: list[tuple[float, float]] = []
+    own: list[float | None] = []
+    for tl in tls:
+        mine = [
+            (a, b - a)
+            for a, b in zip(tl.times, tl.times[1:], strict=False)
+            if t_lo <= a and b <= t_hi and not any(a < first and b > sub for sub, first in arrivals)
+        ]
+        quiet.extend(mine)
+        own.append(float(statistics.median(g for _, g in mine)) if mine else None)
+    if len(quiet) < 3:
+        raise ValueError(
+            f"only {len(quiet)} quiet chunk gaps in the loop's steady window: send more "
+            "requests or longer outputs"
+        )
+    stalls: list[float] = []
+    for sub, first in arrivals:
+        if not t_lo <= sub <= t_hi:
+            continue
+        per = []
+        for tl, step in zip(tls, own, strict=True):
+            if step is None or tl.first > sub or tl.finish <= first:
+                continue
+            before = [t for t in tl.times if t <= sub]
+            after = [t for t in tl.times if t > first]
+            inside = sum(1 for t in tl.times if sub < t <= first)
+            if before and after:
+                per.append(after[0] - before[-1] - (inside + 1) * step)
+        if per:
+            stalls.append(float(statistics.median(per)))
+    return LoadSteps(tuple(sorted(quiet)), tuple(stalls))
 
 
 # --------------------------------------------------------------------------- step cost

@@ -11,14 +11,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dspark_sglang.bench.sim_validation import (
+    ValidationPoint,
     ValidationSettings,
     pick_decode_prompts,
     pick_prefill_prompts,
 )
 from dspark_sglang.cli import main
+from dspark_sglang.planning.live import LiveMeasurement, LoadSteps
+from dspark_sglang.planning.simulator import SimConfig, simulate
+from dspark_sglang.planning.traces import decaying_acceptance, synthetic_traces
+from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.cost_table import from_probes
+from dspark_sglang.scheduling.policies import build_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,6 +88,30 @@ def test_decode_probes_use_the_loads_typical_context() -> None:
         )  # fmt: skip
 
 
+def test_point_reports_the_loads_steps_against_the_probe_and_the_prefill_charge() -> None:
+    traces = synthetic_traces(20, 20, decaying_acceptance(0.8, 0.9, 4), auc=0.8, seed=0)
+    table = from_probes([(1, 20.0), (16, 10.0), (128, 4.0)])
+    lengths = LengthDistribution(prompt_tokens=(40, 100), output_tokens=(16, 16))
+    cfg = SimConfig(mode="closed", concurrency=2, num_requests=20, prefill="separate")
+    predicted = simulate(traces, table, build_policy("static", k=2), lengths, cfg)
+    measured = LiveMeasurement(2, throughput=5.0, user_tps_p50=3.0, user_tps_p90=2.0)
+    steps = LoadSteps(quiet_gaps=((0.0, 0.5), (0.5, 0.6), (1.1, 0.7)), arrival_stall_s=(0.3, 0.5))
+    out = ValidationPoint(predicted, measured, table, probe_step_s=0.5, steps=steps).to_dict()
+    d = out["load_steps"]
+    assert d["quiet_step_s"] == pytest.approx(0.6)
+    assert d["quiet_vs_probe"] == pytest.approx(0.2)
+    assert d["arrivals"] == 2 and d["arrival_stall_total_s"] == pytest.approx(0.8)
+    # The simulator's charge: its prefill-only steps over the requests it admitted (each
+    # prompt is one step here, timed at 1 / SPS(b = prompt length)).
+    det = predicted.details
+    assert det is not None
+    admitted = int((~np.isnan(det.req_admit)).sum())
+    prefill_steps = det.step_time[det.step_decoding == 0]
+    assert prefill_steps.size == admitted
+    assert d["simulated_prefill_per_request_s"] == pytest.approx(prefill_steps.sum() / admitted)
+    assert "load_steps" not in ValidationPoint(predicted, measured, table).to_dict()
+
+
 @pytest.mark.parametrize(
     "name", sorted(p.name for p in (REPO / "benchmarks/results").glob("sim_validation*.json"))
 )
@@ -98,6 +130,11 @@ def test_committed_validation_is_consistent(name: str) -> None:
             predicted = p["predicted"][key]
             assert p["error"][key] == pytest.approx(predicted / measured - 1.0)
             assert measured > 0 and predicted > 0
+        steps = p.get("load_steps")  # runs since the step breakdown was added
+        if steps and "probe_step_s" in steps:
+            assert steps["quiet_vs_probe"] == pytest.approx(
+                steps["quiet_step_s"] / steps["probe_step_s"] - 1.0
+            )
     # The table the prediction used came from the server profile, not from the load.
     assert (
         data["cost_table"]["sample_batch_tokens"][0]

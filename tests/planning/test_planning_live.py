@@ -19,22 +19,25 @@ from dspark_sglang.planning.live import (
     ServerProfile,
     closed_loop,
     decode_step_time,
+    load_steps,
     prediction_error,
     profile_server,
     summarise_load,
 )
-from dspark_sglang.planning.simulator import SimConfig, simulate
+from dspark_sglang.planning.simulator import SimConfig, StepTimer, simulate
 from dspark_sglang.planning.traces import decaying_acceptance, synthetic_traces
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.scheduling.cost_table import from_probes
 from dspark_sglang.scheduling.policies import build_policy
+
+_TABLE = [(1, 20.0), (4, 19.0), (16, 15.0), (64, 8.0), (256, 3.0)]
 
 
 def _simulated_run(concurrency: int) -> tuple[object, LoadRun]:
     traces = synthetic_traces(
         40, 30, decaying_acceptance(0.8, 0.95, 4), auc=0.8, request_spread=0.5, seed=0
     )
-    table = from_probes([(1, 20.0), (4, 19.0), (16, 15.0), (64, 8.0), (256, 3.0)])
+    table = from_probes(_TABLE)
     lengths = LengthDistribution(prompt_tokens=(30, 50, 90), output_tokens=(20, 33, 41))
     cfg = SimConfig(
         mode="closed", concurrency=concurrency, num_requests=30, prefill="separate",
@@ -45,7 +48,8 @@ def _simulated_run(concurrency: int) -> tuple[object, LoadRun]:
     assert d is not None
     # Rebuild per-request chunk timelines from the step records: a request emits at
     # the end of every step in which it decoded or finished its prefill.
-    ends = d.step_start + d.step_time
+    # Prefill-only steps (separate prefill: the decoders wait) emit nothing for them.
+    ends = (d.step_start + d.step_time)[d.step_decoding > 0]
     timelines = []
     for r in range(cfg.num_requests):
         first, finish = d.req_first_token[r], d.req_finish[r]
@@ -81,6 +85,46 @@ def test_summary_of_a_replayed_simulation_matches_the_simulator() -> None:
     assert live.throughput == pytest.approx(res.throughput, rel=0.05)
     err = prediction_error(res, live)
     assert abs(err["user_tps_p50"]) < 1e-9
+
+
+def test_load_steps_recovers_the_decode_step_and_each_arrivals_prefill() -> None:
+    # In a replayed simulation the truth is known: every decode step of the full batch
+    # takes the table's time at 3 requests x (1 + k) tokens, and an arrival holds the
+    # others up by exactly the prefill step(s) run for it (separate prefill).
+    c = 3
+    res, timelines = _simulated_run(concurrency=c)
+    d = res.details
+    last_admit = float(np.nanmax(d.req_admit))
+    steady_end = min(tl.finish for tl in timelines if tl.finish > last_admit)
+    steps = load_steps(LoadRun(c, tuple(timelines), steady_end))
+    timer = StepTimer(from_probes(_TABLE))
+    step = timer(c, c * 3)
+    assert steps.quiet_step_s == pytest.approx(step, rel=1e-9)
+    gaps = [g for _, g in steps.quiet_gaps]
+    assert min(gaps) == pytest.approx(step, rel=1e-9)  # no gap spans an arrival's prefill
+    assert max(gaps) == pytest.approx(step, rel=1e-9)
+    t_lo = max(tl.times[2] for tl in timelines[:c])
+    prefill_only = d.step_decoding == 0
+    expected = [
+        float(
+            d.step_time[
+                prefill_only & (d.step_start >= tl.submit) & (d.step_start < tl.first)
+            ].sum()
+        )
+        for tl in timelines[c:]
+        if t_lo <= tl.submit <= steady_end
+    ]
+    assert len(expected) >= 10
+    assert list(steps.arrival_stall_s) == pytest.approx(expected, rel=1e-9)
+    summary = steps.to_dict()
+    assert summary["arrivals"] == len(expected)
+    assert summary["arrival_stall_total_s"] == pytest.approx(sum(expected))
+
+
+def test_load_steps_needs_a_steady_window() -> None:
+    tl = RequestTimeline(0.0, (1.0, 2.0, 3.0), (1, 2, 3))
+    with pytest.raises(ValueError, match="quiet chunk gaps"):
+        load_steps(LoadRun(1, (tl,), steady_end=3.0))
 
 
 def test_emitted_between_counts_chunk_increments() -> None:
