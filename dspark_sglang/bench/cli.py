@@ -427,7 +427,9 @@ same settings, then:
   3. simulates the same load on that level's table, replaying --traces
      (acceptance of the same drafter recorded by `bench acceptance --traces-dir`).
 Prints predicted vs measured throughput and per-user speed (p50, p90) with the
-relative error, writes a JSON (--out) and a PNG (--plot). The load never feeds
+relative error, and splits each load's time into its own quiet decode step (vs the
+probe's) and what arrivals held the others up (vs the simulator's prefill charge);
+writes a JSON (--out) and a PNG (--plot). The load never feeds
 the table: the prediction is out of sample. Timings on a shared machine are
 noisy; run it when nothing else is running.
 """
