@@ -35,7 +35,13 @@ from dspark_sglang.planning.live import (
     stream_generate,
     summarise_load,
 )
-from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
+from dspark_sglang.planning.simulator import (
+    ClosedAdmission,
+    FirstToken,
+    SimConfig,
+    SimResult,
+    simulate,
+)
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
@@ -66,6 +72,12 @@ class ValidationSettings:
     sim_requests: int = 400
     temperature: float = 1.0
     seed: int = 0
+    # SGLang streams the prefill's token with the first speculative round (README, "TTFT"),
+    # and the live TTFT and per-user speed are timed from that chunk.
+    first_token: FirstToken = "first_round"
+    # A closed-loop client's next request reaches the server after it has launched the
+    # next step for the others (README, "TTFT"): it joins one step late.
+    closed_admission: ClosedAdmission = "next_step"
 
     def __post_init__(self) -> None:
         if self.static_k < 1:
@@ -87,6 +99,15 @@ class ValidationSettings:
             )
         if self.max_new_tokens < 2:
             raise ValueError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
+        if self.closed_admission not in ("at_finish", "next_step"):
+            raise ValueError(
+                "closed_admission must be 'at_finish' or 'next_step', got "
+                f"{self.closed_admission!r}"
+            )
+        if self.first_token not in ("prefill", "first_round"):
+            raise ValueError(
+                f"first_token must be 'prefill' or 'first_round', got {self.first_token!r}"
+            )
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -241,6 +262,8 @@ def run_validation(
                 num_requests=max(s.sim_requests, n_req),
                 warmup_fraction=s.warmup_fraction,
                 prefill="separate",
+                first_token=s.first_token,
+                closed_admission=s.closed_admission,
                 domain_weights=weights,
                 seed=s.seed,
             ),

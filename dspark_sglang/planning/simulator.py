@@ -9,18 +9,25 @@ runs (``scheduling.policies``), on confidences the drafter really produced (reco
 Model, per engine step (clock ``t`` in seconds):
 
 1. Admission. Closed loop: keep ``concurrency`` requests in the system (a finished one is
-   replaced at once). Open loop: Poisson arrivals at ``arrival_rate`` wait in a FIFO queue
-   and are admitted while fewer than ``max_running_requests`` run. A new request draws a
-   ``(prompt, output)`` length pair (``LengthDistribution``), a domain, and one recorded
-   trace request of that domain whose rounds it replays from the first, cycling if the
-   output outlasts the recording.
+   replaced at once; with ``closed_admission="next_step"`` the replacement joins one
+   step later while others are running: a live client's new request reaches the server
+   after it has launched the next step for the others, benchmarks/README.md, "TTFT").
+   Open loop: Poisson arrivals at ``arrival_rate`` wait in a FIFO queue and are admitted
+   while fewer than ``max_running_requests`` run. A new request draws a ``(prompt,
+   output)`` length pair (``LengthDistribution``), a domain, and one recorded trace
+   request of that domain whose rounds it replays from the first, cycling if the output
+   outlasts the recording.
 2. Prefill (``prefill``): ``"none"`` = free (not modelled; every output token comes from
    decode rounds). ``"separate"`` (SGLang's default with speculative decoding, no mixed
    chunks): while prompts are pending, the step is a prefill-only forward of up to
    ``chunked_prefill_size`` prompt tokens (FIFO), decoders wait. ``"mixed"``: the chunk's
    prompt tokens ride along in the decode step's forward and count in ``b``. A request
    whose last prompt chunk ran emits its first token at the end of that step (the
-   prefill samples it) and decodes from the next step.
+   prefill samples it) and decodes from the next step. ``first_token`` says when a
+   client *sees* that token: ``"prefill"`` (then), or ``"first_round"`` (at the end of
+   the request's first decode round, together with that round's tokens: what SGLang's
+   stream delivers under speculative decoding on the CPU server, benchmarks/README.md,
+   "TTFT"). It moves TTFT and per-user speed only, never throughput.
 3. Decode. ``N`` decoding requests each take their next trace round: raw logits ->
    STS (``sigmoid(z / T)``) -> ``policy.decide(confidence [N, B])`` -> ``l [N]``. Drafts
    accepted = ``min(accepted_full, l)`` (chain verification, see ``traces``); tokens
@@ -57,6 +64,8 @@ from dspark_sglang.scheduling.cost_table import CostModel
 from dspark_sglang.scheduling.policies import SchedulingPolicy
 
 __all__ = [
+    "ClosedAdmission",
+    "FirstToken",
     "SimConfig",
     "SimDetails",
     "SimResult",
@@ -65,6 +74,8 @@ __all__ = [
 ]
 
 PrefillMode = Literal["none", "separate", "mixed"]
+FirstToken = Literal["prefill", "first_round"]
+ClosedAdmission = Literal["at_finish", "next_step"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,10 @@ class SimConfig:
         num_requests: requests generated in total (>= 1).
         warmup_fraction: share of the first requests left out of the statistics, [0, 1).
         prefill: ``"none"``, ``"separate"`` or ``"mixed"`` (see the module docstring).
+        first_token: ``"prefill"`` or ``"first_round"``: when the first token reaches
+            the client (see the module docstring).
+        closed_admission: ``"at_finish"`` or ``"next_step"``: when a closed loop's
+            replacement request joins (see the module docstring).
         chunked_prefill_size: prompt tokens per step; default the table's
             ``max_batch_tokens`` (or 2048 for a table without one).
         drain: keep stepping until every admitted request finished (no new ones).
@@ -97,6 +112,8 @@ class SimConfig:
     num_requests: int = 200
     warmup_fraction: float = 0.2
     prefill: PrefillMode = "separate"
+    first_token: FirstToken = "prefill"
+    closed_admission: ClosedAdmission = "at_finish"
     chunked_prefill_size: int | None = None
     drain: bool = False
     domain_weights: dict[str, float] | None = None
@@ -143,6 +160,16 @@ class SimConfig:
         if self.prefill not in ("none", "separate", "mixed"):
             raise ValueError(
                 f"SimConfig.prefill must be 'none', 'separate' or 'mixed', got {self.prefill!r}"
+            )
+        if self.closed_admission not in ("at_finish", "next_step"):
+            raise ValueError(
+                "SimConfig.closed_admission must be 'at_finish' or 'next_step', got "
+                f"{self.closed_admission!r}"
+            )
+        if self.first_token not in ("prefill", "first_round"):
+            raise ValueError(
+                "SimConfig.first_token must be 'prefill' or 'first_round', got "
+                f"{self.first_token!r}"
             )
         if self.chunked_prefill_size is not None and not _pos_int(self.chunked_prefill_size):
             raise ValueError(
@@ -337,6 +364,7 @@ def simulate(
 
     policy.reset()
     running: list[int] = []  # request ids, admission order
+    pending: list[int] = []  # closed loop, "next_step": sent, joining at the next step
     next_req = 0  # next request to spawn / admit
     t = 0.0
     steps: list[tuple[float, float, int, int, int, int, int]] = []
@@ -347,12 +375,20 @@ def simulate(
         # --- admission -----------------------------------------------------------
         if cfg.mode == "closed":
             target = int(cfg.concurrency or 0)
-            while len(running) < target and next_req < n_req:
+            for r in pending:  # sent while the last step ran: they join now
+                admit[r] = t
+                running.append(r)
+            pending = []
+            join_now = cfg.closed_admission == "at_finish" or not running
+            while len(running) + len(pending) < target and next_req < n_req:
                 spawn[next_req] = t
-                admit[next_req] = t
-                running.append(next_req)
+                if join_now:
+                    admit[next_req] = t
+                    running.append(next_req)
+                else:
+                    pending.append(next_req)
                 next_req += 1
-            steady_over = next_req >= n_req and len(running) < target
+            steady_over = next_req >= n_req and len(running) + len(pending) < target
         else:
             while len(running) < cap and next_req < n_req and spawn[next_req] <= t:
                 admit[next_req] = t
@@ -423,7 +459,8 @@ def simulate(
         for r in pre_reqs:
             if prompt_left[r] == 0:  # last chunk ran: the prefill samples the first token
                 emitted_req[r] += 1
-                first[r] = t
+                if cfg.first_token == "prefill" or emitted_req[r] >= out_len[r]:
+                    first[r] = t  # else it streams with the first round (bookkeeping below)
                 steps[-1] = (*steps[-1][:5], steps[-1][5] + 1, steps[-1][6])
         for r in decode_now:
             if np.isnan(first[r]):

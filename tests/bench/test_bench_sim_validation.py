@@ -88,6 +88,18 @@ def test_decode_probes_use_the_loads_typical_context() -> None:
         )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("first_token", "prefil"), ("closed_admission", "at_once")]
+)
+def test_settings_refuse_an_unknown_simulator_timing(field: str, value: str) -> None:
+    kw = {"static_k": 2, "concurrencies": (1,), "requests_per_client": 2, "max_new_tokens": 8}
+    with pytest.raises(ValueError, match=field):
+        ValidationSettings(**kw, **{field: value})
+    # The defaults model what the live server does (benchmarks/README.md, "TTFT").
+    ok = ValidationSettings(**kw)
+    assert (ok.first_token, ok.closed_admission) == ("first_round", "next_step")
+
+
 def test_point_reports_the_loads_steps_against_the_probe_and_the_prefill_charge() -> None:
     traces = synthetic_traces(20, 20, decaying_acceptance(0.8, 0.9, 4), auc=0.8, seed=0)
     table = from_probes([(1, 20.0), (16, 10.0), (128, 4.0)])

@@ -99,6 +99,68 @@ def test_static_k_acceptance_matches_chain_rule(table) -> None:
     assert np.array_equal(d.step_round_tokens, expected.numpy())
 
 
+@pytest.mark.parametrize("prefill", ["separate", "mixed"])
+def test_first_token_at_the_first_round_moves_ttft_and_user_speed_only(
+    table, high_traces, lengths, prefill
+) -> None:
+    base = SimConfig(concurrency=4, num_requests=40, prefill=prefill, drain=True)
+    late_cfg = SimConfig(
+        concurrency=4, num_requests=40, prefill=prefill, drain=True, first_token="first_round"
+    )
+    policy = build_policy("static", k=2)
+    early = simulate(high_traces, table, policy, lengths, base)
+    late = simulate(high_traces, table, policy, lengths, late_cfg)
+    e, lt = early.details, late.details
+    assert e is not None and lt is not None
+    # The same engine run: every step, token and finish is identical.
+    assert np.array_equal(e.step_time, lt.step_time)
+    assert np.array_equal(e.req_finish, lt.req_finish)
+    assert late.throughput == early.throughput
+    # Each request's first token now reaches the client at the end of the first step in
+    # which it decoded, i.e. the first step ending after its prefill did.
+    ends = e.step_start + e.step_time
+    for r in range(40):
+        nxt = ends[(ends > e.req_first_token[r]) & (e.step_decoding > 0)]
+        assert lt.req_first_token[r] == pytest.approx(nxt.min())
+    assert late.ttft_p50 > early.ttft_p50
+    assert late.user_tps_p50 > early.user_tps_p50  # same finish, later start
+
+
+def test_next_step_admission_joins_one_step_late_while_others_run(
+    table, high_traces, lengths
+) -> None:
+    policy = build_policy("static", k=2)
+
+    def run(c: int, admission: str):
+        cfg = SimConfig(
+            concurrency=c, num_requests=30, prefill="separate", closed_admission=admission
+        )
+        return simulate(high_traces, table, policy, lengths, cfg)
+
+    # Alone, nobody else is stepping: the replacement is prefilled at once either way.
+    a, b = run(1, "at_finish"), run(1, "next_step")
+    assert a.details is not None and b.details is not None
+    assert np.array_equal(a.details.req_admit, b.details.req_admit)
+    assert a.throughput == b.throughput
+    # With others running, a replacement sent at a finish waits out the step the others
+    # start right then: it joins when that step ends.
+    late = run(3, "next_step")
+    d = late.details
+    assert d is not None
+    ends = d.step_start + d.step_time
+    joined = 0
+    for r in range(3, 30):
+        if np.isnan(d.req_admit[r]):
+            continue
+        assert d.req_admit[r] > d.req_spawn[r]
+        step = np.flatnonzero(d.step_start == d.req_spawn[r])
+        assert step.size == 1 and d.req_admit[r] == pytest.approx(ends[step[0]])
+        joined += 1
+    assert joined >= 20
+    assert (d.step_decoding <= 3).all()
+    assert late.ttft_p50 > run(3, "at_finish").ttft_p50
+
+
 def test_step_timer_splits_oversized_batches() -> None:
     t = SpsCostTable(
         sample_batch_tokens=(1, 10), sample_steps_per_sec=(10.0, 5.0), max_batch_tokens=10
