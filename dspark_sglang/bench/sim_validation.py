@@ -99,15 +99,10 @@ class ValidationSettings:
             )
         if self.max_new_tokens < 2:
             raise ValueError(f"max_new_tokens must be >= 2, got {self.max_new_tokens}")
-        if self.closed_admission not in ("at_finish", "next_step"):
-            raise ValueError(
-                "closed_admission must be 'at_finish' or 'next_step', got "
-                f"{self.closed_admission!r}"
-            )
-        if self.first_token not in ("prefill", "first_round"):
-            raise ValueError(
-                f"first_token must be 'prefill' or 'first_round', got {self.first_token!r}"
-            )
+        # The simulator owns these two options: its config checks them, naming the field.
+        SimConfig(
+            concurrency=1, first_token=self.first_token, closed_admission=self.closed_admission
+        )
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
