@@ -425,7 +425,9 @@ same settings, then:
      machine's speed drifts), then runs a closed loop of real eval prompts (GSM8K,
      HumanEval, MT-Bench, chat template, temperature 1, EOS ignored);
   3. simulates the same load on that level's table, replaying --traces
-     (acceptance of the same drafter recorded by `bench acceptance --traces-dir`).
+     (acceptance of the same drafter recorded by `bench acceptance --traces-dir`),
+     timed as the server streams: the first token arrives with the first
+     speculative round, and a client's next request joins one step late.
 Prints predicted vs measured throughput and per-user speed (p50, p90) with the
 relative error, and splits each load's time into its own quiet decode step (vs the
 probe's) and what arrivals held the others up (vs the simulator's prefill charge);
