@@ -32,7 +32,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,14 @@ from rich.table import Table
 
 from dspark_sglang.bench.acceptance import load_eval_prompts
 from dspark_sglang.bench.cli import _simval_server_spec
+from dspark_sglang.bench.sim_validation import interleave_prompts
 from dspark_sglang.planning.live import (
     LoadRun,
+    LoadSteps,
     RequestTimeline,
     closed_loop,
-    decode_step_time,
     load_steps,
+    profile_server,
     stream_generate,
 )
 from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR, ensure_target_path
@@ -57,16 +58,15 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "closed_loop_steps.json"
 
 
-def analyse(run: LoadRun, bin_s: float) -> dict[str, Any]:
+def analyse(run: LoadRun, steps: LoadSteps, bin_s: float) -> dict[str, Any]:
     """``load_steps`` of the loop, with the quiet steps also binned by time."""
-    steps = load_steps(run)
-    t_lo = steps.quiet_gaps[0][0]
+    t_lo, t_hi = steps.window
     bins: dict[int, list[float]] = {}
     for a, g in steps.quiet_gaps:
         bins.setdefault(int((a - t_lo) // bin_s), []).append(g)
     return {
         **steps.to_dict(),
-        "window_s": run.steady_end - t_lo,
+        "window_s": t_hi - t_lo,
         "quiet_step_by_time": [
             {"from_s": k * bin_s, "median_s": statistics.median(v), "gaps": len(v)}
             for k, v in sorted(bins.items())
@@ -94,7 +94,7 @@ def main() -> int:
     target = HFTarget(model_path, num_threads=1)
     by_set = load_eval_prompts(target, ["gsm8k", "humaneval", "mtbench"], 10)
     del target
-    prompts = [by_set[s][i] for i in range(10) for s in ("gsm8k", "humaneval", "mtbench")]
+    prompts, _ = interleave_prompts(by_set, ("gsm8k", "humaneval", "mtbench"), 10)
     loop_prompts = [prompts[i % len(prompts)] for i in range(args.requests)]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,9 +108,17 @@ def main() -> int:
 
             def lockstep() -> tuple[float, float]:
                 t = time.perf_counter()
-                with ThreadPoolExecutor(c) as pool:
-                    out = list(pool.map(lambda p: send(p, n_out), prompts[:c]))
-                return t, decode_step_time(out)
+                one = profile_server(
+                    send,
+                    prompts[:c],
+                    [c],
+                    [],
+                    verify_tokens_per_request=1 + args.static_k,
+                    decode_tokens=n_out,
+                    decode_repeats=1,
+                    warmup=False,
+                )
+                return t, one.decode_seconds[c]
 
             send(prompts[0], 16)  # warm-up, not recorded
             before = [lockstep() for _ in range(args.probes_before)]
@@ -125,12 +133,11 @@ def main() -> int:
             run = closed_loop(lambda i: send(loop_prompts[i], n_out), args.requests, c)
             after = [lockstep() for _ in range(args.probes_after)]
 
-    res = analyse(run, args.bin_seconds)
-    t_lo = max(tl.times[2] for tl in run.timelines[:c])
+    steps = load_steps(run)
+    res = analyse(run, steps, args.bin_seconds)
+    t_lo, t_hi = steps.window
     charged = sum(
-        prefill[i]
-        for i, tl in enumerate(run.timelines)
-        if i >= c and t_lo <= tl.submit <= run.steady_end
+        prefill[i] for i, tl in enumerate(run.timelines) if i >= c and t_lo <= tl.submit <= t_hi
     )
     t0 = min(tl.submit for tl in run.timelines)
     out = {

@@ -551,7 +551,12 @@ def _run_simval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from dspark_sglang.bench.acceptance import load_eval_prompts
-    from dspark_sglang.bench.sim_validation import plot_report, run_validation, write_report
+    from dspark_sglang.bench.sim_validation import (
+        interleave_prompts,
+        plot_report,
+        run_validation,
+        write_report,
+    )
     from dspark_sglang.planning.traces import load_traces_many
     from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR, ensure_target_path
     from dspark_sglang.sglang_integration.server import cpu_server
@@ -573,14 +578,7 @@ def _run_simval(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"bench sim-validation: error: {exc}", file=sys.stderr)
         return 2
-    # Interleave the sets so every level sees the same domain mix.
-    prompts: list[list[int]] = []
-    domains: list[str] = []
-    for i in range(args.num_prompts):
-        for name in _EVAL_SETS:
-            if i < len(by_set[name]):
-                prompts.append(by_set[name][i])
-                domains.append(name)
+    prompts, domains = interleave_prompts(by_set, _EVAL_SETS, args.num_prompts)
     del target
     with contextlib.ExitStack() as stack:
         if args.base_url:

@@ -45,13 +45,16 @@ from dspark_sglang.planning.simulator import (
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
+from dspark_sglang.scheduling.policies import build_policy
 
 __all__ = [
     "ValidationPoint",
     "ValidationSettings",
+    "interleave_prompts",
     "pick_decode_prompts",
     "pick_prefill_prompts",
     "run_validation",
+    "simulate_level",
 ]
 
 
@@ -138,10 +141,14 @@ class ValidationPoint:
             "measured": self.measured.__dict__,
             "error": self.error,
             **({} if self.table is None else {"cost_table": json.loads(self.table.to_json())}),
-            **({} if self.steps is None else {"load_steps": self._steps_dict(self.steps)}),
+            **({} if self.steps is None else {"load_steps": self.steps_summary()}),
         }
 
-    def _steps_dict(self, steps: LoadSteps) -> dict[str, Any]:
+    def steps_summary(self) -> dict[str, Any]:
+        """The load's steps against the probe's step and the simulator's prefill charge."""
+        if self.steps is None:
+            raise ValueError("this level has no step breakdown (ValidationPoint.steps)")
+        steps = self.steps
         d = steps.to_dict()
         sim = self.predicted.details
         if sim is not None:  # what the simulator charged per arrival, to set against stalls
@@ -176,6 +183,60 @@ def pick_decode_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[li
     return [list(prompts[i]) for i in order[:count]]
 
 
+def interleave_prompts(
+    by_set: dict[str, list[list[int]]], sets: Sequence[str], num_prompts: int
+) -> tuple[list[list[int]], list[str]]:
+    """The first ``num_prompts`` of each set, interleaved (set 1's first, set 2's first,
+    ...), so that every level sees the same domain mix; and each prompt's set."""
+    prompts: list[list[int]] = []
+    domains: list[str] = []
+    for i in range(num_prompts):
+        for name in sets:
+            if i < len(by_set[name]):
+                prompts.append(by_set[name][i])
+                domains.append(name)
+    return prompts, domains
+
+
+def simulate_level(
+    c: int,
+    prompts: Sequence[Sequence[int]],
+    domains: Sequence[str],
+    traces: AcceptanceTraces,
+    table: SpsCostTable,
+    settings: ValidationSettings,
+) -> SimResult:
+    """The simulator's prediction of level ``c``: the same requests the load sends
+    (``prompts`` in order, cycling), on ``table``, replaying ``traces``."""
+    s = settings
+    n_req = s.num_requests(c)
+    used = [prompts[i % len(prompts)] for i in range(n_req)]
+    used_domains = [domains[i % len(prompts)] for i in range(n_req)]
+    lengths = LengthDistribution(
+        prompt_tokens=tuple(len(p) for p in used),
+        output_tokens=(s.max_new_tokens,) * n_req,
+        source="the live run's prompts",
+    )
+    weights = {d: used_domains.count(d) / n_req for d in traces.domains}
+    return simulate(
+        traces,
+        table,
+        build_policy("static", k=s.static_k),
+        lengths,
+        SimConfig(
+            mode="closed",
+            concurrency=c,
+            num_requests=max(s.sim_requests, n_req),
+            warmup_fraction=s.warmup_fraction,
+            prefill="separate",
+            first_token=s.first_token,
+            closed_admission=s.closed_admission,
+            domain_weights=weights,
+            seed=s.seed,
+        ),
+    )
+
+
 def run_validation(
     base_url: str,
     prompts: Sequence[Sequence[int]],
@@ -185,8 +246,6 @@ def run_validation(
     progress: Callable[[str], None] = print,
 ) -> tuple[ServerProfile, SpsCostTable, list[ValidationPoint]]:
     """Profile, load and simulate (see the module docstring)."""
-    from dspark_sglang.scheduling.policies import build_policy
-
     if len(prompts) != len(domains) or not prompts:
         raise ValueError("give one domain per prompt, and at least one prompt")
     s = settings
@@ -238,31 +297,7 @@ def run_validation(
         except ValueError as exc:  # a diagnostic: never lose the level over it
             progress(f"  c={c}: no step breakdown ({exc})")
             steps = None
-        used = [prompts[i % len(prompts)] for i in range(n_req)]
-        used_domains = [domains[i % len(prompts)] for i in range(n_req)]
-        lengths = LengthDistribution(
-            prompt_tokens=tuple(len(p) for p in used),
-            output_tokens=(s.max_new_tokens,) * n_req,
-            source="the live run's prompts",
-        )
-        weights = {d: used_domains.count(d) / n_req for d in traces.domains}
-        predicted = simulate(
-            traces,
-            level_table,
-            build_policy("static", k=s.static_k),
-            lengths,
-            SimConfig(
-                mode="closed",
-                concurrency=c,
-                num_requests=max(s.sim_requests, n_req),
-                warmup_fraction=s.warmup_fraction,
-                prefill="separate",
-                first_token=s.first_token,
-                closed_admission=s.closed_admission,
-                domain_weights=weights,
-                seed=s.seed,
-            ),
-        )
+        predicted = simulate_level(c, prompts, domains, traces, level_table, s)
         points.append(ValidationPoint(predicted, measured, level_table, probe_step, steps))
         err = points[-1].error
         progress(
@@ -270,10 +305,10 @@ def run_validation(
             f"{predicted.throughput:.2f} predicted ({err['throughput']:+.1%})"
         )
         if steps is not None and probe_step:
-            st = steps.to_dict()
+            st = points[-1].steps_summary()
             progress(
                 f"  c={c}: the load's quiet decode step {st['quiet_step_s']:.3f} s vs the "
-                f"probe's {probe_step:.3f} s ({st['quiet_step_s'] / probe_step - 1:+.1%}); "
+                f"probe's {probe_step:.3f} s ({st['quiet_vs_probe']:+.1%}); "
                 f"{st['arrivals']} arrivals held the others up {st['arrival_stall_total_s']:.1f} s"
             )
     return profile, table, points

@@ -329,10 +329,12 @@ class LoadSteps:
     decoding through it took, from their last chunk at or before its submission to their
     first chunk after its first chunk, than that many of their own quiet steps (median
     over those requests).
+    ``window``: ``(start, end)`` of that steady window, in the timelines' clock.
     """
 
     quiet_gaps: tuple[tuple[float, float], ...]
     arrival_stall_s: tuple[float, ...]
+    window: tuple[float, float]
 
     @property
     def quiet_step_s(self) -> float:
@@ -386,7 +388,7 @@ def load_steps(run: LoadRun, skip_chunks: int = 2) -> LoadSteps:
                 per.append(after[0] - before[-1] - (inside + 1) * step)
         if per:
             stalls.append(float(statistics.median(per)))
-    return LoadSteps(tuple(sorted(quiet)), tuple(stalls))
+    return LoadSteps(tuple(sorted(quiet)), tuple(stalls), (t_lo, t_hi))
 
 
 # --------------------------------------------------------------------------- step cost

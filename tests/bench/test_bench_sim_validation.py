@@ -17,6 +17,7 @@ import pytest
 from dspark_sglang.bench.sim_validation import (
     ValidationPoint,
     ValidationSettings,
+    interleave_prompts,
     pick_decode_prompts,
     pick_prefill_prompts,
 )
@@ -100,6 +101,13 @@ def test_settings_refuse_an_unknown_simulator_timing(field: str, value: str) -> 
     assert (ok.first_token, ok.closed_admission) == ("first_round", "next_step")
 
 
+def test_prompts_interleave_the_sets_and_skip_a_short_one() -> None:
+    by_set = {"a": [[1], [2], [3]], "b": [[10]], "c": [[20], [21]]}
+    prompts, domains = interleave_prompts(by_set, ["a", "b", "c"], 3)
+    assert prompts == [[1], [10], [20], [2], [21], [3]]
+    assert domains == ["a", "b", "c", "a", "c", "a"]
+
+
 def test_point_reports_the_loads_steps_against_the_probe_and_the_prefill_charge() -> None:
     traces = synthetic_traces(20, 20, decaying_acceptance(0.8, 0.9, 4), auc=0.8, seed=0)
     table = from_probes([(1, 20.0), (16, 10.0), (128, 4.0)])
@@ -107,7 +115,11 @@ def test_point_reports_the_loads_steps_against_the_probe_and_the_prefill_charge(
     cfg = SimConfig(mode="closed", concurrency=2, num_requests=20, prefill="separate")
     predicted = simulate(traces, table, build_policy("static", k=2), lengths, cfg)
     measured = LiveMeasurement(2, throughput=5.0, user_tps_p50=3.0, user_tps_p90=2.0)
-    steps = LoadSteps(quiet_gaps=((0.0, 0.5), (0.5, 0.6), (1.1, 0.7)), arrival_stall_s=(0.3, 0.5))
+    steps = LoadSteps(
+        quiet_gaps=((0.0, 0.5), (0.5, 0.6), (1.1, 0.7)),
+        arrival_stall_s=(0.3, 0.5),
+        window=(0.0, 1.8),
+    )
     out = ValidationPoint(predicted, measured, table, probe_step_s=0.5, steps=steps).to_dict()
     d = out["load_steps"]
     assert d["quiet_step_s"] == pytest.approx(0.6)

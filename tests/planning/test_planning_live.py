@@ -97,13 +97,14 @@ def test_load_steps_recovers_the_decode_step_and_each_arrivals_prefill() -> None
     last_admit = float(np.nanmax(d.req_admit))
     steady_end = min(tl.finish for tl in timelines if tl.finish > last_admit)
     steps = load_steps(LoadRun(c, tuple(timelines), steady_end))
+    t_lo = max(tl.times[2] for tl in timelines[:c])
+    assert steps.window == (t_lo, steady_end)
     timer = StepTimer(from_probes(_TABLE))
     step = timer(c, c * 3)
     assert steps.quiet_step_s == pytest.approx(step, rel=1e-9)
     gaps = [g for _, g in steps.quiet_gaps]
     assert min(gaps) == pytest.approx(step, rel=1e-9)  # no gap spans an arrival's prefill
     assert max(gaps) == pytest.approx(step, rel=1e-9)
-    t_lo = max(tl.times[2] for tl in timelines[:c])
     prefill_only = d.step_decoding == 0
     expected = [
         float(
