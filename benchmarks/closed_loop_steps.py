@@ -26,7 +26,6 @@ with nothing else running). Writes ``benchmarks/results/closed_loop_steps.json``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -51,6 +50,7 @@ from dspark_sglang.planning.live import (
     stream_generate,
 )
 from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR, ensure_target_path
+from dspark_sglang.results import dump_json
 from dspark_sglang.sglang_integration.server import cpu_server
 from dspark_sglang.targets.hf_target import HFTarget
 
@@ -152,7 +152,7 @@ def main() -> int:
         **res,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    dump_json(args.out, out, indent=1)
 
     tab = Table(title=f"decode step at c = {c} (s)")
     tab.add_column("when")

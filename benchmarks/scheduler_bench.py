@@ -22,7 +22,6 @@ Timings on shared dev machines are noisy: the JSON records the load average.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from dspark_sglang.results import dump_json
 from dspark_sglang.scheduling.cost_table import SpsCostTable
 from dspark_sglang.scheduling.policies import (
     AnticipatingGlobalSearch,
@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             result["drafter"] = {"skipped": f"dspark_sglang.model unavailable: {exc}"}
             print(f"\ndrafter section skipped: {exc}")
     result["loadavg_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    dump_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

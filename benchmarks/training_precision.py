@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from dspark_sglang.results import dump_json
 from dspark_sglang.training.cli import load_target
 from dspark_sglang.training.config import TrainConfig, load_config
 from dspark_sglang.training.datagen import left_pad, load_responses
@@ -151,8 +151,7 @@ def main() -> int:
             f"{t['config'] + ' (s/step)':<34} {sps['float32']:>10.2f} {sps['bfloat16']:>10.2f} "
             f"{t['speedup']:>7.2f}x {t['loss_rel_diff_max']:>14.2e}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    dump_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -38,6 +38,7 @@ import torch
 from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.reference.ar_proposer import ARProposer
 from dspark_sglang.reference.generator import DSparkProposer, Proposer, ReferenceGenerator
+from dspark_sglang.results import dump_json
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
@@ -502,11 +503,8 @@ def write_report_json(
     path: str | Path, report: AcceptanceReport, metadata: Mapping[str, Any]
 ) -> Path:
     """``metadata`` (command settings, versions, checkpoints, date) + ``report.to_dict()``."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     body = {"benchmark": "acceptance", **dict(metadata), **report.to_dict()}
-    out.write_text(json.dumps(body, indent=2, allow_nan=False) + "\n")
-    return out
+    return dump_json(path, body, allow_nan=False)
 
 
 def write_traces(report: AcceptanceReport, traces_dir: str | Path) -> list[Path]:

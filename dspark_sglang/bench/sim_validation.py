@@ -44,6 +44,7 @@ from dspark_sglang.planning.simulator import (
 )
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.results import dump_json
 from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
 from dspark_sglang.scheduling.policies import build_policy
 
@@ -326,19 +327,15 @@ def write_report(
     worst = {
         k: max(abs(e[k]) for e in errors) for k in ("throughput", "user_tps_p50", "user_tps_p90")
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                **meta,
-                "server_profile": profile.to_dict(),
-                "cost_table": json.loads(table.to_json()),
-                "points": [p.to_dict() for p in points],
-                "max_abs_error": worst,
-            },
-            indent=2,
-        )
-        + "\n"
+    dump_json(
+        path,
+        {
+            **meta,
+            "server_profile": profile.to_dict(),
+            "cost_table": json.loads(table.to_json()),
+            "points": [p.to_dict() for p in points],
+            "max_abs_error": worst,
+        },
     )
 
 

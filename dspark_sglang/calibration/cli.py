@@ -8,11 +8,11 @@ one command turns recorded rounds into a deployable calibration.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from dspark_sglang.cli import Command
+from dspark_sglang.results import dump_json, portable_path
 
 __all__ = ["COMMANDS"]
 
@@ -89,7 +89,11 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2
-    dataset = args.dataset if args.dataset is not None else ",".join(args.rollouts)
+    dataset = (
+        args.dataset
+        if args.dataset is not None
+        else ",".join(portable_path(str(Path(p).resolve())) for p in args.rollouts)
+    )
     fit.to_calibration(dataset).save(args.out)
     print("fit split:")
     print(fit.table())
@@ -111,8 +115,7 @@ def _run(args: argparse.Namespace) -> int:
             },
             "held_out": None if held is None else held.to_dict(),
         }
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=2) + "\n")
+        dump_json(args.report, report)
         print(f"wrote {args.report}")
     if args.plot is not None:
         from dspark_sglang.calibration.plots import reliability_diagram

@@ -4,8 +4,9 @@ Why one shape for all: acceptance length depends strongly on the domain (math >
 code > open chat in the DSpark paper), so every benchmark and the demo iterate
 over ``Prompt(id, domain, messages)`` and let the target's chat template do the
 formatting. Files come from ``scripts/fetch_assets.sh`` (GSM8K test, HumanEval,
-MT-Bench) and from the shared data dir (GSM8K train); a missing file raises an
-error that names the command that fetches it.
+MT-Bench) and from the package itself (GSM8K train, shipped under
+``assets/data/gsm8k`` with its MIT licence); a missing file raises an error that
+names the command that fetches it.
 
 Invariant: every loader returns prompts in file order with unique ids, each
 with a non-empty user message as the last message.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,15 +80,6 @@ class Prompt:
 # --------------------------------------------------------------------------- paths
 
 
-def shared_dir() -> Path:
-    """``$DSPARK_SHARED_DIR`` or ``<repo root>/../shared`` (the team's shared data)."""
-    env = os.environ.get("DSPARK_SHARED_DIR")
-    if env:
-        return Path(env).expanduser()
-    repo_root = Path(__file__).resolve().parents[2]
-    return repo_root.parent / "shared"
-
-
 def gsm8k_test_path(cache_dir: Path | str | None = None) -> Path:
     return assets_dir(cache_dir) / "gsm8k" / "test.jsonl"
 
@@ -101,8 +92,12 @@ def mtbench_path(cache_dir: Path | str | None = None) -> Path:
     return assets_dir(cache_dir) / "mt_bench" / "question.jsonl"
 
 
+#: GSM8K train split, shipped inside the package (see the README beside it).
+GSM8K_TRAIN_PATH = Path(__file__).resolve().parents[1] / "assets/data/gsm8k/train.jsonl.gz"
+
+
 def gsm8k_train_path() -> Path:
-    return shared_dir() / "data" / "gsm8k" / "train.jsonl"
+    return GSM8K_TRAIN_PATH
 
 
 def _require(path: Path, hint: str) -> Path:
@@ -166,11 +161,11 @@ def load_gsm8k_test(cache_dir: Path | str | None = None, limit: int | None = Non
 
 
 def load_gsm8k_train(limit: int | None = None) -> list[Prompt]:
-    """GSM8K train (7473 problems) from ``<shared>/data/gsm8k/train.jsonl``."""
+    """GSM8K train (7473 problems), shipped with the package."""
     path = _require(
         gsm8k_train_path(),
-        "GSM8K train lives in the shared data dir; set DSPARK_SHARED_DIR to the folder "
-        "holding data/gsm8k/train.jsonl",
+        "GSM8K train ships inside the package (dspark_sglang/assets/data/gsm8k); "
+        "reinstall dspark-sglang (`bash scripts/setup.sh`)",
     )
     return _gsm8k(path, "gsm8k_train", _limit(limit))
 

@@ -3,7 +3,7 @@
 Why these sources: the machines reach only package registries, and the eval
 sets (GSM8K test, HumanEval, MT-Bench) must never leak into training. So:
 
-* **math**: GSM8K *train* problems (``../shared/data/gsm8k/train.jsonl``, MIT),
+* **math**: GSM8K *train* problems (shipped in ``assets/data/gsm8k``, MIT),
   via the project's data loader;
 * **code**: functions extracted with ``ast`` from the Python standard library
   of the running interpreter, wrapped in instruction templates (explain,

@@ -27,7 +27,10 @@ def test_real_eval_sets_have_the_published_sizes() -> None:
         assert all(p.chat()[-1]["role"] == "user" for p in prompts)
 
 
-def test_real_gsm8k_train_from_shared_dir() -> None:
+def test_real_gsm8k_train_ships_with_the_package() -> None:
+    path = ev.gsm8k_train_path()
+    assert path.is_relative_to(Path(ev.__file__).resolve().parents[1]), path
+    assert (path.parent / "LICENSE").read_text().startswith("MIT License")
     train = ev.load_gsm8k_train()
     assert len(train) == 7473
     assert train[0].messages[0].content.startswith("Natalia sold clips")
@@ -49,8 +52,8 @@ def test_missing_files_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for loader in (ev.load_gsm8k_test, ev.load_humaneval, ev.load_mtbench):
         with pytest.raises(FileNotFoundError, match=r"scripts/fetch_assets\.sh"):
             loader(cache_dir=tmp_path)
-    monkeypatch.setenv("DSPARK_SHARED_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="DSPARK_SHARED_DIR"):
+    monkeypatch.setattr(ev, "GSM8K_TRAIN_PATH", tmp_path / "train.jsonl.gz")
+    with pytest.raises(FileNotFoundError, match="reinstall dspark-sglang"):
         ev.load_gsm8k_train()
 
 
@@ -59,9 +62,7 @@ def _write(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_synthetic_files_and_shared_dir_override(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_synthetic_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assets = tmp_path / "assets"
     _write(assets / "gsm8k/test.jsonl", [json.dumps({"question": "1+1?", "answer": "#### 2"}), ""])
     he_path = assets / "humaneval/HumanEval.jsonl.gz"
@@ -78,9 +79,10 @@ def test_synthetic_files_and_shared_dir_override(
     (mt,) = ev.load_mtbench(tmp_path)
     assert mt.chat() == [{"role": "user", "content": "first"}]
 
-    shared = tmp_path / "shared"
-    _write(shared / "data/gsm8k/train.jsonl", [json.dumps({"question": "q", "answer": "a"})])
-    monkeypatch.setenv("DSPARK_SHARED_DIR", str(shared))
+    train = tmp_path / "train.jsonl.gz"
+    with gzip.open(train, "wt") as f:
+        f.write(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    monkeypatch.setattr(ev, "GSM8K_TRAIN_PATH", train)
     (tr,) = ev.load_gsm8k_train()
     assert tr.id == "gsm8k_train/0" and tr.domain == "math"
 

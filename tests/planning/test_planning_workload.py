@@ -11,17 +11,20 @@ from dspark_sglang.planning import workload
 from dspark_sglang.planning.workload import LengthDistribution, gsm8k_lengths, load_lengths
 
 
-def test_embedded_sample_is_the_files_subsample(monkeypatch: pytest.MonkeyPatch) -> None:
-    path = workload.gsm8k_path()
-    if not path.is_file():
-        pytest.skip(f"{path} not present; the embedded sample cannot be re-derived here")
-    full = gsm8k_lengths(path)
-    assert len(full) == 7473
-    monkeypatch.setenv("DSPARK_SHARED_DIR", "/nonexistent")
-    fallback = workload.default_lengths()
-    sub = workload.embedded_subsample(full)
-    assert fallback.prompt_tokens == sub.prompt_tokens
-    assert fallback.output_tokens == sub.output_tokens
+def test_default_lengths_are_the_shipped_gsm8k_train_split() -> None:
+    import gzip
+    import json
+    import math
+
+    d = workload.default_lengths()
+    assert len(d) == 7473
+    with gzip.open(workload.gsm8k_path(), "rt") as f:
+        first = json.loads(f.readline())
+    answer = workload._CALC_ANNOTATION.sub("", first["answer"])
+    assert d.prompt_tokens[0] == math.ceil(len(first["question"]) / 4)
+    assert d.output_tokens[0] == math.ceil(len(answer) / 4)
+    assert "<<" in first["answer"]  # the annotation really is stripped in this row
+    assert gsm8k_lengths(workload.gsm8k_path()) == d
 
 
 def test_sampling_keeps_pairs() -> None:

@@ -1,0 +1,68 @@
+"""Result files that travel: JSON without the absolute paths of the machine that wrote it.
+
+Benchmark, calibration and validation results are committed and read on other
+machines, so every string that is an absolute path under a known root is
+written relative to it: the project cache (``$DSPARK_CACHE_DIR/...``), the
+checkout or installed package (a repository-relative path), the temp dir
+(``$TMPDIR/...``) or the home directory (``~/...``). Everything else is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dspark_sglang.targets.smollm2 import cache_root
+
+__all__ = ["dump_json", "portable", "portable_path"]
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _roots() -> list[tuple[str, str]]:
+    """(absolute prefix, replacement) pairs, the most specific first."""
+    pairs = [
+        (str(cache_root().resolve()), "$DSPARK_CACHE_DIR"),
+        (str(_REPO), ""),
+        (str(Path(tempfile.gettempdir()).resolve()), "$TMPDIR"),
+        (str(Path.home().resolve()), "~"),
+    ]
+    return sorted(((p.rstrip("/"), r) for p, r in pairs if p != "/"), key=lambda x: -len(x[0]))
+
+
+def portable_path(text: str) -> str:
+    """``text`` with a leading known root replaced (see the module doc); else unchanged."""
+    if not text.startswith("/"):
+        return text
+    for prefix, repl in _roots():
+        if text == prefix or text.startswith(prefix + os.sep):
+            rest = text[len(prefix) :].lstrip(os.sep)
+            if not repl:
+                return rest or "."
+            return f"{repl}/{rest}" if rest else repl
+    return text
+
+
+def portable(value: Any) -> Any:
+    """``value`` (parsed JSON) with every string passed through :func:`portable_path`."""
+    if isinstance(value, str):
+        return portable_path(value)
+    if isinstance(value, Mapping):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    return value
+
+
+def dump_json(
+    path: str | Path, body: Any, *, indent: int | None = 2, allow_nan: bool = True
+) -> Path:
+    """Write ``portable(body)`` as JSON, creating the folder."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(portable(body), indent=indent, allow_nan=allow_nan) + "\n")
+    return out
