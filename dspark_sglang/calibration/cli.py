@@ -8,6 +8,7 @@ one command turns recorded rounds into a deployable calibration.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -15,6 +16,28 @@ from dspark_sglang.cli import Command
 from dspark_sglang.results import dump_json, portable_path
 
 __all__ = ["COMMANDS"]
+
+MAX_GRID_STEPS = 10_000  # a 0.06 % step over the default 0.05..20; the fit is linear in it
+
+
+def _grid_steps(text: str) -> int:
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = 0
+    if not 2 <= steps <= MAX_GRID_STEPS:
+        raise argparse.ArgumentTypeError(f"must be an integer in 2..{MAX_GRID_STEPS}, got {text!r}")
+    return steps
+
+
+def _temperature(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t > 0.0):
+        raise argparse.ArgumentTypeError(f"must be a finite temperature > 0, got {text!r}")
+    return t
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,15 +76,29 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="dataset description stored in the JSON (default: the rollout paths)",
     )
-    p.add_argument("--grid-min", type=float, default=0.05, help="smallest temperature tried")
-    p.add_argument("--grid-max", type=float, default=20.0, help="largest temperature tried")
-    p.add_argument("--grid-steps", type=int, default=241, help="log-spaced grid points")
+    p.add_argument(
+        "--grid-min", type=_temperature, default=0.05, help="smallest temperature tried (> 0)"
+    )
+    p.add_argument("--grid-max", type=_temperature, default=20.0, help="largest temperature tried")
+    p.add_argument(
+        "--grid-steps",
+        type=_grid_steps,
+        default=241,
+        help=f"log-spaced grid points, 2..{MAX_GRID_STEPS} (default 241)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.calibration.rollouts import load_rollouts
     from dspark_sglang.calibration.sts import default_grid, evaluate_sts, fit_sts
 
+    if args.grid_min >= args.grid_max:
+        print(
+            f"calibrate: error: --grid-min ({args.grid_min:g}) must be below --grid-max "
+            f"({args.grid_max:g})",
+            file=sys.stderr,
+        )
+        return 2
     try:
         data = load_rollouts(args.rollouts)
         fit = fit_sts(
@@ -94,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.dataset is not None
         else ",".join(portable_path(str(Path(p).resolve())) for p in args.rollouts)
     )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     fit.to_calibration(dataset).save(args.out)
     print("fit split:")
     print(fit.table())
@@ -121,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         from dspark_sglang.calibration.plots import reliability_diagram
 
         shown = held_data if held is not None else data
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
         reliability_diagram(
             args.plot,
             shown.confidence_logits,

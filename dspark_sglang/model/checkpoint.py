@@ -5,7 +5,11 @@ re-attached at load time. Loading is a gate, not a convenience: a checkpoint
 trained with the other slot convention, another block size, another target or
 other target layers would load "fine" and silently draft garbage (acceptance
 ~1), so every such disagreement is refused with an error naming the field and
-the fix. Tensor sets must match exactly and every weight must be finite.
+the fix. Tensor names, shapes and dtypes are checked against the config from the
+safetensors header before anything is allocated (the expected shapes come from a
+``meta``-device model), then every weight must be finite. ``config.json`` carries
+HF's ``torch_dtype`` (the stored weights' dtype, what SGLang's ``--dtype auto``
+uses); checkpoints written before it existed load without it.
 """
 
 from __future__ import annotations
@@ -14,14 +18,26 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark_sglang.model.config import DSparkConfig, SlotConvention, TargetSpec
+from dspark_sglang.model.config import (
+    HF_TORCH_DTYPES,
+    DSparkConfig,
+    SlotConvention,
+    TargetSpec,
+    hf_torch_dtype,
+)
 from dspark_sglang.model.drafter import DSparkDrafter
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# safetensors header dtype codes, by torch name; the floating ones are HF_TORCH_DTYPES.
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}  # fmt: skip
 
 
 class CheckpointError(ValueError):
@@ -35,11 +51,13 @@ def save_drafter(
 
     ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors at that precision: a
     shipped checkpoint at half the size. Loading casts back to the module's dtype.
+    ``config.json`` records the stored dtype as ``torch_dtype``.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (e.g. torch.bfloat16), got {dtype}")
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
+    if dtype is not None and _torch_name(dtype) not in HF_TORCH_DTYPES:
+        raise ValueError(
+            f"dtype must be a floating dtype ({', '.join(HF_TORCH_DTYPES)}; e.g. "
+            f"torch.bfloat16), got {dtype}"
+        )
     state = {
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v)
         .detach()
@@ -47,13 +65,27 @@ def save_drafter(
         .cpu()
         for k, v in drafter.state_dict().items()
     }
+    stored = sorted({_torch_name(v.dtype) for v in state.values() if v.is_floating_point()})
+    if len(stored) != 1 or stored[0] not in HF_TORCH_DTYPES:
+        raise ValueError(
+            f"the drafter's floating weights are {stored}; pass dtype= (one of "
+            f"{', '.join(HF_TORCH_DTYPES)}) to store them at one precision"
+        )
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    text = json.dumps(drafter.config.to_hf_dict(), indent=2, sort_keys=False) + "\n"
+    hf = drafter.config.to_hf_dict(torch_dtype=stored[0])
+    text = json.dumps(hf, indent=2, sort_keys=False) + "\n"
     (folder / CONFIG_FILE).write_text(text)
     return folder
 
 
-def _read_config(folder: Path) -> DSparkConfig:
+def _torch_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _read_config(folder: Path) -> tuple[DSparkConfig, str | None]:
+    """The validated config and its ``torch_dtype`` (``None`` in older checkpoints)."""
     cfg_path = folder / CONFIG_FILE
     if not cfg_path.is_file():
         raise CheckpointError(
@@ -65,7 +97,7 @@ def _read_config(folder: Path) -> DSparkConfig:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
     try:
-        return DSparkConfig.from_hf_dict(raw)
+        return DSparkConfig.from_hf_dict(raw), hf_torch_dtype(raw)
     except ValueError as exc:
         raise CheckpointError(f"{cfg_path}: {exc}") from exc
 
@@ -121,6 +153,84 @@ def check_compatible(
         )
 
 
+def _stored_tensors(weights_path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, torch dtype name) from the safetensors header; nothing is loaded."""
+    try:
+        with safe_open(str(weights_path), framework="pt") as f:
+            slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118
+            return {
+                name: (
+                    tuple(sl.get_shape()),
+                    _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()),
+                )
+                for name, sl in slices.items()
+            }
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{weights_path} is not a readable safetensors file: {exc}") from exc
+
+
+def _implied_tensors(
+    config: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of the drafter ``config`` describes, built on ``meta`` (free)."""
+    with torch.device("meta"):
+        skeleton = DSparkDrafter(config, embed_tokens, lm_head)
+    return {k: (tuple(v.shape), v.dtype) for k, v in skeleton.state_dict().items()}
+
+
+def _size_fields(config: DSparkConfig, sizes: set[int]) -> str:
+    """``"; check config.json num_experts=1000"``: the config fields with one of ``sizes``."""
+    fields = [
+        f"{k}={v}"
+        for k, v in config.to_dict().items()
+        if isinstance(v, int) and not isinstance(v, bool) and v in sizes
+    ]
+    return f"; check config.json {', '.join(fields)}" if fields else ""
+
+
+def _check_tensors(
+    weights_path: Path,
+    config: DSparkConfig,
+    torch_dtype: str | None,
+    stored: dict[str, tuple[tuple[int, ...], str]],
+    implied: dict[str, tuple[tuple[int, ...], torch.dtype]],
+) -> None:
+    """Refuse a tensor set, shape or dtype that disagrees with ``config.json``."""
+    missing = sorted(set(implied) - set(stored))
+    unexpected = sorted(set(stored) - set(implied))
+    if missing:
+        raise CheckpointError(
+            f"{weights_path} is missing tensors {missing}; the weights do not match "
+            "config.json (re-save the drafter)"
+        )
+    if unexpected:
+        raise CheckpointError(
+            f"{weights_path} has unexpected tensors {unexpected}; the weights do not match "
+            "config.json (re-save the drafter)"
+        )
+    for name, (shape, dtype) in stored.items():
+        want_shape, want_dtype = implied[name]
+        if want_dtype.is_floating_point and dtype not in HF_TORCH_DTYPES:
+            raise CheckpointError(
+                f"{weights_path}: tensor {name!r} has dtype {dtype}, expected a floating dtype "
+                f"({_torch_name(want_dtype)}, or one of {', '.join(HF_TORCH_DTYPES)}: cast on "
+                "load); the weights are not a drafter's, re-save the drafter"
+            )
+        if torch_dtype is not None and dtype != torch_dtype:
+            raise CheckpointError(
+                f"{weights_path}: tensor {name!r} is stored as {dtype} but config.json has "
+                f"torch_dtype={torch_dtype!r}; the weights do not match config.json (re-save "
+                "the drafter)"
+            )
+        if shape != want_shape:
+            differ = {w for g, w in zip(shape, want_shape, strict=False) if g != w}
+            raise CheckpointError(
+                f"{weights_path}: tensor {name!r} has shape {shape}, config.json implies "
+                f"{want_shape}: the checkpoint and config.json disagree"
+                f"{_size_fields(config, differ)}; re-save the drafter or fix config.json"
+            )
+
+
 def load_drafter(
     path: str | Path,
     target: TargetSpec,
@@ -132,43 +242,25 @@ def load_drafter(
 ) -> DSparkDrafter:
     """Load a drafter saved by ``save_drafter`` onto ``target``'s embedding and LM head."""
     folder = Path(path)
-    config = _read_config(folder)
+    config, torch_dtype = _read_config(folder)
     check_compatible(
         config, target, block_size=block_size, expected_slot_convention=expected_slot_convention
     )
     weights_path = folder / WEIGHTS_FILE
     if not weights_path.is_file():
         raise CheckpointError(f"{weights_path} is missing; save the drafter with save_drafter")
+    implied = _implied_tensors(config, embed_tokens, lm_head)
+    _check_tensors(weights_path, config, torch_dtype, _stored_tensors(weights_path), implied)
     try:
         state = load_file(str(weights_path))
     except Exception as exc:  # safetensors raises its own error types
         raise CheckpointError(f"{weights_path} is not a readable safetensors file: {exc}") from exc
-
-    drafter = DSparkDrafter(config, embed_tokens, lm_head)
-    expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"{weights_path} is missing tensors {missing}; the weights do not match "
-            "config.json (re-save the drafter)"
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"{weights_path} has unexpected tensors {unexpected}; the weights do not match "
-            "config.json (re-save the drafter)"
-        )
     for name, tensor in state.items():
-        want = tuple(expected[name].shape)
-        if tuple(tensor.shape) != want:
-            raise CheckpointError(
-                f"{weights_path}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json "
-                f"implies {want}; the weights do not match config.json"
-            )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise CheckpointError(
                 f"{weights_path}: tensor {name!r} has non-finite values (NaN/inf); the "
                 "training run diverged, use an earlier checkpoint"
             )
+    drafter = DSparkDrafter(config, embed_tokens, lm_head)
     drafter.load_state_dict(state, strict=True)
     return drafter

@@ -13,8 +13,10 @@ Two frozen dataclasses:
 The on-disk form is HuggingFace-style JSON (``to_hf_dict``/``from_hf_dict``): the
 top level carries the standard HF fields, ``"dspark_config"`` every DSpark field,
 and ``"dflash_config"`` the three fields SGLang's DFlash/DSpark config helpers
-read (``block_size``, ``target_layer_ids``, ``mask_token_id``). The round trip is
-exact and anything unknown, missing or inconsistent is refused.
+read (``block_size``, ``target_layer_ids``, ``mask_token_id``). A top-level
+``torch_dtype`` (HF's name of the stored weights' dtype, which SGLang's ``--dtype
+auto`` follows) is optional so older checkpoints load. The round trip is exact and
+anything unknown, missing, out of range or inconsistent is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ FFNType = Literal["moe", "dense"]
 MarkovHeadType = Literal["vanilla", "gated", "rnn", "none"]
 
 MAX_BLOCK_SIZE = 16
+# Size bounds, far above any real drafter or target: a config beyond one is corrupt,
+# and building it would die in the allocator instead of naming the field.
+MAX_VOCAB_SIZE = 2**22  # 4M tokens; the largest tokenizers have ~256k
+MAX_HIDDEN_SIZE = 2**16  # the widest LLMs are 16-32k wide
+MAX_INTERMEDIATE_SIZE = 2**18  # 4x the largest hidden size bound
+MAX_NUM_LAYERS = 1024  # target depth (a drafter has a handful of layers)
+MAX_NUM_HEADS = 1024  # attention heads, query or key/value
+MAX_HEAD_DIM = 1024  # real models use 64-256
+MAX_NUM_EXPERTS = 1024  # the largest MoEs route over 256-512 experts
+MAX_MARKOV_RANK = 2**16  # a low-rank head; the shipped one has rank 96
+MAX_POSITIONS = 2**24  # 16M tokens, beyond any context window
+# HF ``torch_dtype`` names a drafter checkpoint may declare for its floating weights.
+HF_TORCH_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
 HF_ARCHITECTURE = "DSparkMoEDraftModel"
 HF_MODEL_TYPE = "dspark_moe"
 
@@ -51,13 +66,16 @@ _DFLASH_FIELDS: tuple[str, ...] = ("block_size", "target_layer_ids", "mask_token
 _HF_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
     {"architectures", "model_type", "dspark_config", "dflash_config", *_HF_MIRRORED_FIELDS}
 )
+_HF_OPTIONAL_KEYS: frozenset[str] = frozenset({"torch_dtype"})  # absent in old checkpoints
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def _check_int(owner: str, name: str, value: object, lo: int | None = None) -> int:
-    """An ``int`` (not a bool) >= ``lo``; the error names ``owner.name``."""
+def _check_int(
+    owner: str, name: str, value: object, lo: int | None = None, hi: int | None = None
+) -> int:
+    """An ``int`` (not a bool) in ``[lo, hi]``; the error names ``owner.name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(
             f"{owner}.{name} must be an int, got {value!r} ({type(value).__name__}); "
@@ -65,6 +83,11 @@ def _check_int(owner: str, name: str, value: object, lo: int | None = None) -> i
         )
     if lo is not None and value < lo:
         raise ValueError(f"{owner}.{name} must be >= {lo}, got {value}; set {name} >= {lo}")
+    if hi is not None and value > hi:
+        raise ValueError(
+            f"{owner}.{name}={value} is out of range (at most {hi}, far above any real model): "
+            f"the config is corrupt; set {name} <= {hi} to the drafter's real size"
+        )
     return value
 
 
@@ -93,6 +116,16 @@ def _check_choice(owner: str, name: str, value: object, literal: Any) -> str:
     choices = get_args(literal)
     if value not in choices:
         raise ValueError(f"{owner}.{name} must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def check_torch_dtype(value: object) -> str:
+    """A ``torch_dtype`` name from ``config.json`` (HF spelling, e.g. ``"bfloat16"``)."""
+    if value not in HF_TORCH_DTYPES:
+        raise ValueError(
+            f"DSpark HF config torch_dtype={value!r} is not a floating dtype name; set it to "
+            f"one of {list(HF_TORCH_DTYPES)} (the dtype of model.safetensors) or remove it"
+        )
     return str(value)
 
 
@@ -237,29 +270,29 @@ class DSparkConfig:
 
     def __post_init__(self) -> None:
         o = "DSparkConfig"
-        _check_int(o, "vocab_size", self.vocab_size, lo=2)
-        _check_int(o, "hidden_size", self.hidden_size, lo=1)
-        _check_int(o, "target_hidden_size", self.target_hidden_size, lo=1)
+        _check_int(o, "vocab_size", self.vocab_size, lo=2, hi=MAX_VOCAB_SIZE)
+        _check_int(o, "hidden_size", self.hidden_size, lo=1, hi=MAX_HIDDEN_SIZE)
+        _check_int(o, "target_hidden_size", self.target_hidden_size, lo=1, hi=MAX_HIDDEN_SIZE)
         if self.hidden_size != self.target_hidden_size:
             raise ValueError(
                 f"{o}.hidden_size ({self.hidden_size}) must equal target_hidden_size "
                 f"({self.target_hidden_size}): the drafter uses the target's embedding and "
                 "LM head; set hidden_size to the target's hidden size"
             )
-        _check_int(o, "num_hidden_layers", self.num_hidden_layers, lo=1)
-        _check_int(o, "num_attention_heads", self.num_attention_heads, lo=1)
-        _check_int(o, "num_key_value_heads", self.num_key_value_heads, lo=1)
+        _check_int(o, "num_hidden_layers", self.num_hidden_layers, lo=1, hi=MAX_NUM_LAYERS)
+        _check_int(o, "num_attention_heads", self.num_attention_heads, lo=1, hi=MAX_NUM_HEADS)
+        _check_int(o, "num_key_value_heads", self.num_key_value_heads, lo=1, hi=MAX_NUM_HEADS)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"{o}.num_key_value_heads ({self.num_key_value_heads}) must divide "
                 f"num_attention_heads ({self.num_attention_heads}) for grouped-query attention"
             )
-        _check_int(o, "head_dim", self.head_dim, lo=2)
+        _check_int(o, "head_dim", self.head_dim, lo=2, hi=MAX_HEAD_DIM)
         if self.head_dim % 2:
             raise ValueError(
                 f"{o}.head_dim must be even for rotary embeddings, got {self.head_dim}"
             )
-        _check_int(o, "intermediate_size", self.intermediate_size, lo=1)
+        _check_int(o, "intermediate_size", self.intermediate_size, lo=1, hi=MAX_INTERMEDIATE_SIZE)
         object.__setattr__(self, "rms_norm_eps", _check_float(o, "rms_norm_eps", self.rms_norm_eps))
         object.__setattr__(self, "rope_theta", _check_float(o, "rope_theta", self.rope_theta))
         _check_int(o, "block_size", self.block_size, lo=1)
@@ -268,7 +301,9 @@ class DSparkConfig:
                 f"{o}.block_size must be <= {MAX_BLOCK_SIZE}, got {self.block_size}; "
                 "use a smaller block"
             )
-        _check_int(o, "max_position_embeddings", self.max_position_embeddings, lo=1)
+        _check_int(
+            o, "max_position_embeddings", self.max_position_embeddings, lo=1, hi=MAX_POSITIONS
+        )
         if self.max_position_embeddings < self.block_size:
             raise ValueError(
                 f"{o}.max_position_embeddings ({self.max_position_embeddings}) must be >= "
@@ -283,20 +318,23 @@ class DSparkConfig:
             )
         _check_choice(o, "slot_convention", self.slot_convention, SlotConvention)
         if self.sliding_window is not None:
-            _check_int(o, "sliding_window", self.sliding_window, lo=1)
+            _check_int(o, "sliding_window", self.sliding_window, lo=1, hi=MAX_POSITIONS)
         _check_choice(o, "ffn_type", self.ffn_type, FFNType)
-        _check_int(o, "num_experts", self.num_experts, lo=1)
+        _check_int(o, "num_experts", self.num_experts, lo=1, hi=MAX_NUM_EXPERTS)
         _check_int(o, "num_experts_per_tok", self.num_experts_per_tok, lo=1)
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(
                 f"{o}.num_experts_per_tok ({self.num_experts_per_tok}) must be <= "
                 f"num_experts ({self.num_experts})"
             )
-        _check_int(o, "moe_intermediate_size", self.moe_intermediate_size, lo=1)
+        _check_int(
+            o, "moe_intermediate_size", self.moe_intermediate_size, lo=1, hi=MAX_INTERMEDIATE_SIZE
+        )
         _check_bool(o, "shared_expert", self.shared_expert)
-        _check_int(o, "shared_expert_intermediate_size", self.shared_expert_intermediate_size, lo=1)
+        shared = self.shared_expert_intermediate_size
+        _check_int(o, "shared_expert_intermediate_size", shared, lo=1, hi=MAX_INTERMEDIATE_SIZE)
         _check_choice(o, "markov_head_type", self.markov_head_type, MarkovHeadType)
-        _check_int(o, "markov_rank", self.markov_rank, lo=1)
+        _check_int(o, "markov_rank", self.markov_rank, lo=1, hi=MAX_MARKOV_RANK)
         _check_bool(o, "enable_confidence_head", self.enable_confidence_head)
         _check_bool(o, "confidence_head_with_markov", self.confidence_head_with_markov)
         if (
@@ -317,7 +355,7 @@ class DSparkConfig:
             )
 
     def _validate_target_layers(self, o: str) -> None:
-        _check_int(o, "target_num_layers", self.target_num_layers, lo=2)
+        _check_int(o, "target_num_layers", self.target_num_layers, lo=2, hi=MAX_NUM_LAYERS)
         ids = self.target_layer_ids
         if isinstance(ids, list):
             ids = tuple(ids)
@@ -385,11 +423,17 @@ class DSparkConfig:
         out["target_layer_ids"] = list(self.target_layer_ids)
         return out
 
-    def to_hf_dict(self) -> dict[str, Any]:
-        """HF ``config.json`` content (see the module docstring for the layout)."""
+    def to_hf_dict(self, *, torch_dtype: str | None = None) -> dict[str, Any]:
+        """HF ``config.json`` content (see the module docstring for the layout).
+
+        ``torch_dtype`` (HF's name of the stored weights' dtype, e.g. ``"bfloat16"``)
+        is what SGLang's ``--dtype auto`` runs the drafter at; omitted when ``None``.
+        """
         d = self.to_dict()
         hf: dict[str, Any] = {"architectures": [HF_ARCHITECTURE], "model_type": HF_MODEL_TYPE}
         hf.update({k: d[k] for k in _HF_MIRRORED_FIELDS})
+        if torch_dtype is not None:
+            hf["torch_dtype"] = check_torch_dtype(torch_dtype)
         hf["dspark_config"] = d
         hf["dflash_config"] = {k: d[k] for k in _DFLASH_FIELDS}
         return hf
@@ -413,10 +457,14 @@ class DSparkConfig:
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> DSparkConfig:
-        """Parse ``to_hf_dict`` output, checking the mirrors agree with ``dspark_config``."""
+        """Parse ``to_hf_dict`` output, checking the mirrors agree with ``dspark_config``.
+
+        An optional ``torch_dtype`` must name a floating dtype (read it back with
+        ``hf_torch_dtype``).
+        """
         if not isinstance(d, Mapping):
             raise ValueError(f"DSpark HF config must be a JSON object, got {type(d).__name__}")
-        unknown = sorted(set(d) - _HF_TOP_LEVEL_KEYS)
+        unknown = sorted(set(d) - _HF_TOP_LEVEL_KEYS - _HF_OPTIONAL_KEYS)
         missing = sorted(_HF_TOP_LEVEL_KEYS - set(d))
         if unknown:
             raise ValueError(f"DSpark HF config has unknown top-level keys {unknown}; remove them")
@@ -431,6 +479,7 @@ class DSparkConfig:
             raise ValueError(
                 f"DSpark HF config model_type must be {HF_MODEL_TYPE!r}, got {d['model_type']!r}"
             )
+        hf_torch_dtype(d)
         inner = d["dspark_config"]
         if not isinstance(inner, Mapping):
             raise ValueError("DSpark HF config dspark_config must be a JSON object")
@@ -449,3 +498,9 @@ class DSparkConfig:
                 f"{expected['dflash_config']!r} (a mirror of dspark_config)"
             )
         return config
+
+
+def hf_torch_dtype(d: Mapping[str, Any]) -> str | None:
+    """The validated ``torch_dtype`` of an HF config dict, ``None`` when absent (old ones)."""
+    value = d.get("torch_dtype")
+    return None if value is None else check_torch_dtype(value)

@@ -70,6 +70,11 @@ def _load_inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         traces = load_traces_many(args.traces)
     sts = load_sts(args.sts) if args.sts else None
+    if sts is not None and sts.block_size != traces.block_size:
+        raise ValueError(
+            f"--sts {args.sts} has {sts.block_size} temperatures but the traces' block size is "
+            f"{traces.block_size}; calibrate STS on rollouts of the drafter that recorded them"
+        )
     lengths = load_lengths(args.lengths) if args.lengths else default_lengths()
     return table, traces, sts, lengths
 

@@ -9,7 +9,6 @@ default policy in production.
 
 from __future__ import annotations
 
-import math
 import numbers
 import re
 from collections.abc import Mapping
@@ -19,9 +18,18 @@ from typing import Any, Literal, Self, get_args
 import msgspec
 import yaml
 
-__all__ = ["POLICIES", "ConfigError", "Policy", "SchedulerConfig"]
+__all__ = [
+    "POLICIES",
+    "RAGGED_VERIFY_MODES",
+    "ConfigError",
+    "Policy",
+    "RaggedVerifyMode",
+    "SchedulerConfig",
+]
 
 Policy = Literal["prefix", "lagged", "static", "mtp1", "verify_all", "none"]
+RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
+RAGGED_VERIFY_MODES: tuple[str, ...] = get_args(RaggedVerifyMode)
 POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_BLOCK_SIZE = 16
 _NEEDS_COST_TABLE = ("prefix", "lagged")
@@ -30,6 +38,33 @@ _SLA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 class ConfigError(ValueError):
     """A scheduler configuration is malformed."""
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: object, line: int, first: int) -> None:
+        super().__init__(
+            f"duplicate key {key!r} on line {line} (first on line {first}); YAML would keep "
+            "the last silently, so keep only the value you mean"
+        )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<`` merges are meant to be overridden
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKeyError(key, line, seen[key])
+            except TypeError:
+                continue  # unhashable: SafeLoader's own error follows
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _is_int(v: Any) -> bool:
@@ -70,8 +105,6 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     ``max_verify_tokens`` (int >= 1, optional)
         Per-step cap on total verify tokens (anchors plus drafts) over the
         batch, e.g. the largest CUDA-graph bucket. Unset: the cost table's limit.
-    ``max_running_requests`` (int >= 1, optional)
-        Admission cap: at most this many requests decode concurrently.
     ``cost_table_path`` (str, optional)
         SGLang SPS cost-table JSON (``SpsCostTable`` or ``SpsAdditiveCostTable``);
         required by ``prefix`` and ``lagged``. Used as given (a path in the
@@ -79,12 +112,15 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     ``sts_path`` (str, optional)
         SGLang STS calibration JSON (``DSparkStsCalibration``); without it raw
         confidences ``sigmoid(z)`` are used.
-    ``min_tokens_per_sec_per_user`` (float > 0, optional)
-        The SLA: per-user decode speed the deployment must sustain; the planner
-        sizes ``max_running_requests`` against it.
     ``greedy_only`` (bool, default false)
-        Serve only temperature-0 requests (greedy verification, no rejection
-        sampling); sampled requests are refused instead of served losslessly.
+        Serve only greedy requests (temperature 0, or top_k 1): the server
+        refuses sampled requests with HTTP 400 naming this setting
+        (``sglang_integration.requests``), so such a tier never runs rejection
+        sampling.
+
+    Admission (``--max-running-requests``) and the per-user speed target are
+    SGLang server arguments and alert thresholds, not scheduler settings; the
+    chart renders them from the same tier values.
     """
 
     block_size: int
@@ -93,10 +129,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     static_k: int | None = None
     lag_steps: int = 2
     max_verify_tokens: int | None = None
-    max_running_requests: int | None = None
     cost_table_path: str | None = None
     sts_path: str | None = None
-    min_tokens_per_sec_per_user: float | None = None
     greedy_only: bool = False
 
     def __post_init__(self) -> None:
@@ -132,10 +166,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
                 f"lag_steps must be an integer >= 1, got {self.lag_steps!r} (the lag keeps the "
                 "lagged budget non-anticipating; 0 would bias the output distribution)"
             )
-        for name in ("max_verify_tokens", "max_running_requests"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or v < 1):
-                raise ConfigError(f"{name} must be an integer >= 1 or omitted, got {v!r}")
+        v = self.max_verify_tokens
+        if v is not None and (not _is_int(v) or v < 1):
+            raise ConfigError(f"max_verify_tokens must be an integer >= 1 or omitted, got {v!r}")
         _opt_path("cost_table_path", self.cost_table_path)
         _opt_path("sts_path", self.sts_path)
         if self.policy in _NEEDS_COST_TABLE and self.cost_table_path is None:
@@ -143,19 +176,26 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
                 f"policy {self.policy!r} needs cost_table_path (an SGLang SPS cost-table JSON); "
                 "profile one or choose policy static/mtp1/verify_all/none"
             )
-        mt = self.min_tokens_per_sec_per_user
-        if mt is not None:
-            if isinstance(mt, bool) or not isinstance(mt, numbers.Real):
-                raise ConfigError(
-                    f"min_tokens_per_sec_per_user must be a number or omitted, got {mt!r}"
-                )
-            if not math.isfinite(float(mt)) or float(mt) <= 0.0:
-                raise ConfigError(
-                    f"min_tokens_per_sec_per_user must be finite and > 0, got {float(mt)!r}"
-                )
-            msgspec.structs.force_setattr(self, "min_tokens_per_sec_per_user", float(mt))
         if not isinstance(self.greedy_only, bool):
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """SGLang's ``--speculative-num-draft-tokens``: the block plus the anchor."""
+        return self.block_size + 1
+
+    @property
+    def ragged_verify_mode(self) -> RaggedVerifyMode:
+        """The ``SGLANG_RAGGED_VERIFY_MODE`` this policy needs.
+
+        ``verify_all`` verifies the whole block, which is SGLang's ``static`` path;
+        every other policy picks per-request lengths, which needs a ragged mode.
+        ``cap-accept`` verifies the block and caps acceptance at the chosen length,
+        safe with CUDA graphs; ``compact`` (also accepted at start-up) verifies
+        only the chosen tokens. The Helm chart renders the same rule
+        (``dspark.raggedVerifyMode``).
+        """
+        return "static" if self.policy == "verify_all" else "cap-accept"
 
     @property
     def max_verify_len(self) -> int:
@@ -185,14 +225,19 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
     @classmethod
     def load(cls, path: str | Path) -> Self:
-        """Read a YAML (or ``.json``) file; JSON is parsed strictly, YAML safely."""
+        """Read a YAML (or ``.json``) file; JSON strictly, YAML safely and without repeated keys."""
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read scheduler config {p}: {exc}") from exc
         try:
-            data = msgspec.json.decode(text) if p.suffix == ".json" else yaml.safe_load(text)
+            if p.suffix == ".json":
+                data = msgspec.json.decode(text)
+            else:
+                data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+        except _DuplicateKeyError as exc:
+            raise ConfigError(f"{p}: {exc}") from exc
         except (msgspec.DecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"{p}: cannot parse ({exc})") from exc
         if data is None:

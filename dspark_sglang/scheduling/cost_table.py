@@ -22,7 +22,10 @@ bit, hence the same field names and the same msgspec encoding here:
 
 Validation is stricter than SGLang's (which accepts e.g. NaN rates, zero
 probes, or unknown keys) because a bad table silently mis-schedules every step:
-each error names the field and says how to fix it.
+each error names the field and says how to fix it. Finite but absurd values are
+refused too, by the bounds ``MAX_BATCH_TOKENS``, ``MAX_STEPS_PER_SEC`` and
+``MAX_STEP_SECONDS`` (far beyond any engine, so only unit slips and corrupt
+tables hit them).
 
 Both classes offer ``steps_per_sec(num_reqs, batch_tokens)``, the vectorised
 lookup the scheduling policies use (see ``CostModel``).
@@ -40,6 +43,9 @@ import msgspec
 import torch
 
 __all__ = [
+    "MAX_BATCH_TOKENS",
+    "MAX_STEPS_PER_SEC",
+    "MAX_STEP_SECONDS",
     "CostModel",
     "CostTable",
     "CostTableError",
@@ -49,6 +55,12 @@ __all__ = [
     "load_cost_table",
     "parse_cost_table",
 ]
+
+
+# Upper bounds, far beyond any engine: a value above one is a unit slip or a corrupt table.
+MAX_BATCH_TOKENS = 2**20  # tokens (or requests) in one forward batch; engines cap near 2**16
+MAX_STEPS_PER_SEC = 1e6  # a step per microsecond: one kernel launch already takes longer
+MAX_STEP_SECONDS = 3600.0  # a step of over an hour is a broken measurement
 
 
 class CostTableError(ValueError):
@@ -70,7 +82,7 @@ class CostModel(Protocol):
 
 
 def _int_probes(table: str, field: str, values: Any) -> tuple[int, ...]:
-    """Probes as a tuple of ints: non-empty, each >= 1, strictly increasing."""
+    """Probes as a tuple of ints: non-empty, each in 1..MAX_BATCH_TOKENS, strictly increasing."""
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise CostTableError(
             f"{table}.{field} must be a list of integers, got {type(values).__name__}"
@@ -92,6 +104,11 @@ def _int_probes(table: str, field: str, values: Any) -> tuple[int, ...]:
                 f"{table}.{field}[{i}] = {iv}: probes must be >= 1 (a forward batch "
                 "holds at least one token/request)"
             )
+        if iv > MAX_BATCH_TOKENS:
+            raise CostTableError(
+                f"{table}.{field}[{i}] = {iv} is above the bound {MAX_BATCH_TOKENS} "
+                "(MAX_BATCH_TOKENS, far beyond any engine's batch): drop that probe or re-profile"
+            )
         if out and iv == out[-1]:
             raise CostTableError(
                 f"{table}.{field} has duplicate probe {iv} at index {i}: median the "
@@ -107,9 +124,16 @@ def _int_probes(table: str, field: str, values: Any) -> tuple[int, ...]:
 
 
 def _float_values(
-    table: str, field: str, values: Any, *, n: int, probes_field: str, allow_zero: bool
+    table: str,
+    field: str,
+    values: Any,
+    *,
+    n: int,
+    probes_field: str,
+    allow_zero: bool,
+    hi: tuple[float, str],
 ) -> tuple[float, ...]:
-    """Values as a tuple of finite floats, one per probe, > 0 (or >= 0)."""
+    """Values as a tuple of finite floats, one per probe, > 0 (or >= 0), <= ``hi`` (bound, name)."""
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise CostTableError(
             f"{table}.{field} must be a list of numbers, got {type(values).__name__}"
@@ -131,6 +155,11 @@ def _float_values(
             raise CostTableError(
                 f"{table}.{field}[{i}] = {fv!r}: must be finite and {bound}; "
                 "re-measure that probe or drop it"
+            )
+        if fv > hi[0]:
+            raise CostTableError(
+                f"{table}.{field}[{i}] = {fv!r} is above the bound {hi[0]:g} ({hi[1]}, far "
+                "beyond any engine): check the unit, re-measure that probe or drop it"
             )
         out.append(fv)
     return tuple(out)
@@ -202,6 +231,7 @@ class SpsCostTable(_JsonTable, frozen=True, forbid_unknown_fields=True):
             n=len(probes),
             probes_field="sample_batch_tokens",
             allow_zero=False,
+            hi=(MAX_STEPS_PER_SEC, "MAX_STEPS_PER_SEC"),
         )
         mbt = self.max_batch_tokens
         if isinstance(mbt, bool) or not isinstance(mbt, numbers.Integral):
@@ -212,6 +242,12 @@ class SpsCostTable(_JsonTable, frozen=True, forbid_unknown_fields=True):
             raise CostTableError(
                 f"{name}.max_batch_tokens = {int(mbt)} is below the last probe {probes[-1]}: "
                 f"set it to at least {probes[-1]} (or drop probes above the engine's limit)"
+            )
+        if int(mbt) > MAX_BATCH_TOKENS:
+            raise CostTableError(
+                f"{name}.max_batch_tokens = {int(mbt)} is above the bound {MAX_BATCH_TOKENS} "
+                "(MAX_BATCH_TOKENS, far beyond any engine's batch): set it to the engine's "
+                "real limit (e.g. its largest CUDA-graph bucket or --max-prefill-tokens)"
             )
         # Normalise to exact Python types so encoding matches SGLang's float lists.
         msgspec.structs.force_setattr(self, "sample_batch_tokens", probes)
@@ -290,15 +326,22 @@ class SpsAdditiveCostTable(_JsonTable, frozen=True, forbid_unknown_fields=True):
                 f"{name}.bias_seconds = {float(bias)!r}: must be finite and > 0 "
                 "(the fixed cost of one engine step)"
             )
+        if not 1.0 / MAX_STEPS_PER_SEC <= float(bias) <= MAX_STEP_SECONDS:
+            raise CostTableError(
+                f"{name}.bias_seconds = {float(bias)!r} is outside [{1.0 / MAX_STEPS_PER_SEC:g}, "
+                f"{MAX_STEP_SECONDS:g}] s (1/MAX_STEPS_PER_SEC..MAX_STEP_SECONDS, far beyond "
+                "any engine): check the unit (seconds) and re-profile"
+            )
         bs = _int_probes(name, "bs_probes", self.bs_probes)
+        sec = (MAX_STEP_SECONDS, "MAX_STEP_SECONDS")
         alpha = _float_values(
             name, "alpha_seconds", self.alpha_seconds,
-            n=len(bs), probes_field="bs_probes", allow_zero=True,
+            n=len(bs), probes_field="bs_probes", allow_zero=True, hi=sec,
         )  # fmt: skip
         m = _int_probes(name, "m_probes", self.m_probes)
         theta = _float_values(
             name, "theta_seconds", self.theta_seconds,
-            n=len(m), probes_field="m_probes", allow_zero=True,
+            n=len(m), probes_field="m_probes", allow_zero=True, hi=sec,
         )  # fmt: skip
         msgspec.structs.force_setattr(self, "bias_seconds", float(bias))
         msgspec.structs.force_setattr(self, "bs_probes", bs)

@@ -17,7 +17,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from dspark_sglang.model.checkpoint import CheckpointError, check_compatible
-from dspark_sglang.model.config import HF_MODEL_TYPE, DSparkConfig, TargetSpec
+from dspark_sglang.model.config import HF_MODEL_TYPE, DSparkConfig, TargetSpec, check_torch_dtype
 
 
 class DSparkMoeHFConfig(PretrainedConfig):
@@ -37,8 +37,9 @@ def dspark_config_of(hf_config: Any) -> DSparkConfig:
     """Our validated ``DSparkConfig`` from SGLang's view of the draft's ``config.json``.
 
     Refuses what cannot run under SGLang's DSpark worker: a ``dflash`` slot
-    convention (SGLang's ``sample_from_anchor`` layout is ``anchor_next``) and a
-    drafter without a Markov head (SGLang's DSpark requires one).
+    convention (SGLang's ``sample_from_anchor`` layout is ``anchor_next``), a
+    drafter without a Markov head (SGLang's DSpark requires one) and a
+    ``torch_dtype`` that is not a floating dtype (``--dtype auto`` would run it so).
     """
     raw = getattr(hf_config, "dspark_config", None)
     if not isinstance(raw, Mapping):
@@ -47,7 +48,10 @@ def dspark_config_of(hf_config: Any) -> DSparkConfig:
             "by dspark_sglang.model.save_drafter (architectures "
             f"{getattr(hf_config, 'architectures', None)!r}); re-save the drafter"
         )
+    dtype = getattr(hf_config, "dtype", None)  # transformers' parse of torch_dtype
     try:
+        if dtype is not None:
+            check_torch_dtype(str(dtype).removeprefix("torch."))
         config = DSparkConfig.from_dict(raw)
     except ValueError as exc:
         raise CheckpointError(f"draft config.json: {exc}") from exc

@@ -1,13 +1,15 @@
-"""SGLang 0.5.23's own DSpark config parser reads our config.json unchanged."""
+"""SGLang 0.5.23's own DSpark config parser reads our config.json unchanged, dtype included."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from dspark_sglang.model.config import DSparkConfig
+from dspark_sglang.model.drafter import DSparkDrafter
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -76,3 +78,20 @@ def test_sglang_heads_load_our_weights_and_agree(head_type: str) -> None:
     conf_theirs.load_state_dict(conf_ours.state_dict(), strict=True)
     e = ours.prev_embedding(prev)
     torch.testing.assert_close(conf_ours(hidden, e), conf_theirs(hidden, e))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_sglang_dtype_auto_follows_the_saved_torch_dtype(
+    tmp_path: Path, make_drafter: Callable[..., DSparkDrafter]
+) -> None:
+    import torch
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+    from transformers import AutoConfig
+
+    from dspark_sglang.model.checkpoint import save_drafter
+    from dspark_sglang.sglang_integration.draft_checkpoint import register_hf_config
+
+    register_hf_config()
+    folder = save_drafter(make_drafter(), tmp_path / "bf16", dtype=torch.bfloat16)
+    hf = AutoConfig.from_pretrained(str(folder))
+    assert _get_and_verify_dtype(hf, "auto") == torch.bfloat16

@@ -115,9 +115,17 @@ def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
         cfg = sched[f"dspark-dspark-sglang-{tier['name']}-scheduler"]
         s = tier["scheduler"]
         assert cfg.policy == s["policy"] and cfg.block_size == s["blockSize"] == 7
-        assert cfg.max_running_requests == s["maxRunningRequests"]
         assert cfg.max_verify_tokens == s["maxVerifyTokens"]
-        assert cfg.min_tokens_per_sec_per_user == tier["minTokensPerSecPerUser"]
+        # Admission is SGLang's own flag, rendered from the same tier values.
+        (deploy,) = [
+            d
+            for d in docs
+            if d["kind"] == "Deployment"
+            and d["metadata"]["name"] == f"dspark-dspark-sglang-{tier['name']}"
+        ]
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        i = args.index("--max-running-requests")
+        assert int(args[i + 1]) == s["maxRunningRequests"]
 
 
 @pytest.mark.helm

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,8 @@ FULL = {
     "sla_name": "interactive-80tps",
     "lag_steps": 3,
     "max_verify_tokens": 512,
-    "max_running_requests": 64,
     "cost_table_path": "/etc/dspark/sps.json",
     "sts_path": "/etc/dspark/sts.json",
-    "min_tokens_per_sec_per_user": 80.0,
     "greedy_only": True,
 }
 
@@ -39,13 +36,11 @@ def test_round_trip_through_file(tmp_path: Path, suffix: str) -> None:
     assert SchedulerConfig.from_dict(yaml.safe_load(c.to_yaml())) == c
 
 
-def test_yaml_written_by_hand_and_int_promoted_to_float(tmp_path: Path) -> None:
+def test_yaml_written_by_hand(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text("block_size: 4\npolicy: static\nstatic_k: 2\nmin_tokens_per_sec_per_user: 80\n")
+    path.write_text("block_size: 4\npolicy: static\nstatic_k: 2\n")
     c = SchedulerConfig.load(path)
     assert c.static_k == 2 and c.max_verify_len == 2
-    assert c.min_tokens_per_sec_per_user == 80.0
-    assert isinstance(c.min_tokens_per_sec_per_user, float)
     # Unset optional fields are left out of the rendered YAML.
     assert "cost_table_path" not in c.to_yaml() and "static_k: 2" in c.to_yaml()
 
@@ -81,13 +76,12 @@ def _cfg(**over: object) -> dict[str, object]:
         (_cfg(static_k=2), "static_k is only used by policy 'static'"),
         (_cfg(lag_steps=0), "lag_steps must be an integer >= 1, got 0"),
         (_cfg(max_verify_tokens=0), "max_verify_tokens must be an integer >= 1"),
-        (_cfg(max_running_requests=-1), "max_running_requests must be an integer >= 1"),
+        (_cfg(max_running_requests=8), "unknown key(s) ['max_running_requests']"),
         (_cfg(policy="prefix"), "policy 'prefix' needs cost_table_path"),
         (_cfg(policy="lagged"), "policy 'lagged' needs cost_table_path"),
         (_cfg(cost_table_path=""), "cost_table_path must be a non-empty path string"),
         (_cfg(sts_path=3), "Expected `str | null`, got `int` - at `$.sts_path`"),
-        (_cfg(min_tokens_per_sec_per_user=0), "min_tokens_per_sec_per_user must be finite and > 0"),
-        (_cfg(min_tokens_per_sec_per_user=math.inf), "min_tokens_per_sec_per_user must be finite"),
+        (_cfg(min_tokens_per_sec_per_user=80), "unknown key(s) ['min_tokens_per_sec_per_user']"),
         (_cfg(sla_name="Gold_SLA"), "sla_name must be an RFC 1123 label"),
         (_cfg(sla_name="x" * 64), "sla_name must be an RFC 1123 label"),
         (_cfg(greedy_only="yes"), "Expected `bool`, got `str` - at `$.greedy_only`"),
@@ -98,6 +92,16 @@ def test_invalid_configs_name_the_field(data: object, msg: str) -> None:
     with pytest.raises(ConfigError) as info:
         SchedulerConfig.from_dict(data)  # type: ignore[arg-type]
     assert msg in str(info.value)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_sglang_settings_derive_from_the_policy(policy: str) -> None:
+    kw: dict[str, object] = {"block_size": 7, "policy": policy, "cost_table_path": "t.json"}
+    if policy == "static":
+        kw["static_k"] = 3
+    c = SchedulerConfig.from_dict(kw)
+    assert c.num_draft_tokens == 8
+    assert c.ragged_verify_mode == ("static" if policy == "verify_all" else "cap-accept")
 
 
 def test_direct_construction_is_validated_too() -> None:
