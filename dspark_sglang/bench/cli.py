@@ -519,12 +519,12 @@ def _simval_server_spec(
     model_path: Path, drafter: Path, k: int, threads: int, workdir: Path
 ) -> Any:
     from dspark_sglang.scheduling.config import SchedulerConfig
-    from dspark_sglang.sglang_integration.demo import _drafter_block_size, scheduler_env
     from dspark_sglang.sglang_integration.engine import CpuEngineSpec
+    from dspark_sglang.sglang_integration.launch import drafter_block_size, scheduler_env
 
     cfg = workdir / "scheduler.yaml"
     SchedulerConfig(
-        block_size=_drafter_block_size(drafter),
+        block_size=drafter_block_size(drafter),
         policy="static",
         static_k=k,
         sla_name="sim-validation",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -36,8 +35,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from dspark_sglang.sglang_integration.launch import (
+    STS_FILENAME,
+    drafter_block_size,
+    scheduler_env,
+)
+
 __all__ = [
-    "STS_FILENAME",
     "DemoError",
     "DemoPlan",
     "EngineRun",
@@ -46,12 +50,8 @@ __all__ = [
     "resolve_drafter",
     "run_engine",
     "run_sglang_demo",
-    "scheduler_env",
     "write_scheduler_config",
 ]
-
-STS_FILENAME = "sts.json"
-"""STS calibration file shipped next to a drafter checkpoint (SGLang's STS JSON)."""
 
 _WARMUP_TEXT = "Hello"
 _HOST = "127.0.0.1"  # SGLang's engine binds only loopback ports (dist init); say so explicitly
@@ -240,10 +240,6 @@ def resolve_drafter(
     return folder, False
 
 
-def _drafter_block_size(folder: Path) -> int:
-    return int(json.loads((folder / "config.json").read_text())["dspark_config"]["block_size"])
-
-
 def write_scheduler_config(
     args: argparse.Namespace, drafter_dir: Path, workdir: Path, console: Any
 ) -> Path | None:
@@ -259,7 +255,7 @@ def write_scheduler_config(
     from dspark_sglang.calibration.sts import load_sts
     from dspark_sglang.scheduling import load_cost_table
 
-    block_size = _drafter_block_size(drafter_dir)
+    block_size = drafter_block_size(drafter_dir)
     # The worker reads both files in the scheduler process, where a failure kills
     # this process too (SGLang's start-up SIGQUIT): read them here first.
     if args.cost_table is not None:
@@ -280,20 +276,6 @@ def write_scheduler_config(
     path = workdir / "scheduler.yaml"
     cfg.save(path)
     return path
-
-
-def scheduler_env(scheduler_config: Path | None) -> dict[str, str]:
-    """Engine environment for DSPARK_MOE: SGLang's own decision, or ours via the config file.
-
-    Our policy needs per-request verify lengths, which SGLang's ``static`` ragged
-    mode does not have, hence ``cap-accept`` with ``--policy``.
-    """
-    if scheduler_config is None:
-        return {"SGLANG_RAGGED_VERIFY_MODE": "static"}
-    return {
-        "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
-        "DSPARK_SCHEDULER_CONFIG": str(scheduler_config),
-    }
 
 
 def plan_demo(

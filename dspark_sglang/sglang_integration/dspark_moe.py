@@ -53,7 +53,6 @@ _DELEGATED_TO_DSPARK: tuple[str, ...] = (
     "create_future_map",
     "get_platform_worker_cls",
     "build_disagg_draft_input",
-    "handle_server_args",
     "resolve_max_speculative_num_draft_tokens",
     "get_num_tokens_per_req_for_target_verify",
     "has_draft_kv",
@@ -67,6 +66,16 @@ _DELEGATED_TO_DSPARK: tuple[str, ...] = (
 
 class DSparkMoeSpecAlgo(CustomSpecAlgo):
     """SGLang's view of DSPARK_MOE: DSPARK's behaviour, our worker class."""
+
+    def handle_server_args(self, server_args: Any) -> None:
+        """Our launch checks (``launch.check_server_args``), then DSPARK's own."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        from dspark_sglang.sglang_integration.launch import check_server_args
+
+        cfg = resolving_view(server_args)
+        check_server_args(cfg.speculative_num_draft_tokens, cfg.speculative_draft_model_path)
+        SpeculativeAlgorithm.DSPARK.handle_server_args(server_args)
 
     def __getattr__(self, name: str) -> Any:
         # Anything SGLang adds to the enum interface later falls back to DSPARK.
@@ -115,14 +124,26 @@ class DSparkMoeWorker(DSparkWorkerV2):
         from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
+        from sglang.srt.runtime_context import get_parallel
 
+        # Every TP rank runs this worker on the same batch; one records, or Prometheus
+        # sums would show tp_size times the truth.
+        self._dspark_records = int(get_parallel().tp_rank) == 0
         self._dspark_position = metrics.PositionAcceptance(int(self.gamma))
+        if self._dspark_records:
+            metrics.ensure_created()
         if getattr(self, "_proposer", None) is not None:
             # An instance attribute on our worker's own proposer: SGLang's class is untouched.
             self._proposer.propose = fallback.GuardedPropose(
-                self._proposer.propose, self._proposer, self._verify_planner, int(self.gamma)
+                self._proposer.propose,
+                self._proposer,
+                self._verify_planner,
+                int(self.gamma),
+                records=self._dspark_records,
             )
-        decider = scheduler_bridge.load_decider(int(self.gamma))
+        decider = scheduler_bridge.load_decider(
+            int(self.gamma), tp_rank=int(get_parallel().tp_rank)
+        )
         if decider is None:
             return
         setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
@@ -131,19 +152,14 @@ class DSparkMoeWorker(DSparkWorkerV2):
             self._apply_sts(decider.config.sts_path)
 
     def _apply_sts(self, path: str) -> None:
+        """Set the confidence head's STS temperatures (``load_decider`` validated the file)."""
         from dspark_sglang.calibration.sts import load_sts
 
         head = getattr(self.draft_model, "confidence_head", None)
         if head is None:
             raise ValueError(f"sts_path={path} given but the draft has no confidence head")
-        cal = load_sts(path)
-        if cal.block_size != self.gamma:
-            raise ValueError(
-                f"sts_path={path} was fit for block size {cal.block_size}, the draft "
-                f"proposes {self.gamma}; refit STS for block_size {self.gamma}"
-            )
         head.sts_temperatures = torch.tensor(
-            cal.temperatures, dtype=torch.float32, device=self.device
+            load_sts(path).temperatures, dtype=torch.float32, device=self.device
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -155,7 +171,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
             # A fallback forces "anchor only" for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
         accept = getattr(result, "accept_lens", None)
-        if accept is not None and accept.numel() > 0:
+        if self._dspark_records and accept is not None and accept.numel() > 0:
             cap = result.cap_lens
             verify = (
                 cap

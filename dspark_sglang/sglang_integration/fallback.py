@@ -88,6 +88,28 @@ def plain_decoding_proposal(
     )
 
 
+def _poisoned(proposal: Any) -> Any:
+    """``proposal`` with NaN confidences (or, without them, NaN draft logits).
+
+    In SGLang's ``static`` ragged mode there are no confidences; without draft
+    logits either (a greedy draft block) NaN has nowhere to go, so the injected
+    fault is a placeholder proposal with NaN confidences, which the guard treats
+    like any non-finite output.
+    """
+    if proposal.confidence is not None:
+        nan = torch.full_like(proposal.confidence, float("nan"))
+        return msgspec.structs.replace(proposal, confidence=nan)
+    block = proposal.draft_block
+    if getattr(block, "corrected_logits", None) is not None:
+        nan = torch.full_like(block.corrected_logits, float("nan"))
+        return msgspec.structs.replace(
+            proposal, draft_block=msgspec.structs.replace(block, corrected_logits=nan)
+        )
+    bs = int(proposal.draft_block_ids.shape[0])
+    nan = torch.full((bs, 1), float("nan"), device=proposal.draft_block_ids.device)
+    return msgspec.structs.replace(proposal, confidence=nan)
+
+
 class GuardedPropose:
     """Wraps a proposer's ``propose``: faults become a plain-decoding step.
 
@@ -97,12 +119,20 @@ class GuardedPropose:
     """
 
     def __init__(
-        self, original: Callable[..., Any], proposer: Any, planner: Any, gamma: int
+        self,
+        original: Callable[..., Any],
+        proposer: Any,
+        planner: Any,
+        gamma: int,
+        *,
+        records: bool = True,
     ) -> None:
         self.original = original
         self.proposer = proposer
         self.planner = planner
         self.gamma = gamma
+        #: Whether this rank counts fallbacks in metrics (TP rank 0 only).
+        self.records = records
         self.calls = 0
         self.fallbacks = 0
         self.inject_every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
@@ -125,10 +155,8 @@ class GuardedPropose:
             if self._inject() and self.inject_mode == "raise":
                 raise InjectedDrafterFaultError(f"injected drafter fault, draft step {self.calls}")
             proposal = self.original(**kw)
-            if self._inject() and proposal.confidence is not None:
-                proposal = msgspec.structs.replace(
-                    proposal, confidence=torch.full_like(proposal.confidence, float("nan"))
-                )
+            if self._inject():
+                proposal = _poisoned(proposal)
             reason = non_finite_reason(proposal)
             if reason is None:
                 return proposal
@@ -140,7 +168,8 @@ class GuardedPropose:
     def _fallback(self, reason: str, detail: str, **kw: Any) -> Any:
         self.fallbacks += 1
         bs = int(kw["bs"])
-        metrics.count_fallback(reason)
+        if self.records:
+            metrics.count_fallback(reason)
         logger.warning(
             "DSPARK_MOE: drafter fault (%s: %s); %d request(s) fall back to plain "
             "decoding for this step",

@@ -26,6 +26,12 @@ BUDGET_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024
 DECISION_BUCKETS: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
 
 
+#: Every ``reason`` label value, created at 0 so alerts and ``rate()`` see the series
+#: before the first event.
+FALLBACK_REASONS: tuple[str, ...] = ("draft_error", "non_finite")
+REFUSAL_REASONS: tuple[str, ...] = ("token_id_out_of_vocab", "greedy_only")
+
+
 def _get() -> dict[str, Any]:
     """Create the metrics once per process (after SGLang configured prometheus)."""
     with _lock:
@@ -61,8 +67,44 @@ def _get() -> dict[str, Any]:
                 ["reason"],
             ),
             rounds=Counter("dspark_rounds", "DSpark verify rounds (decode steps)"),
+            refused=Counter(
+                "dspark_requests_refused",  # exposed as dspark_requests_refused_total
+                "Requests refused with HTTP 400 before scheduling (sglang_integration.requests)",
+                ["reason"],
+            ),
+            scheduler=Gauge(
+                "dspark_scheduler_info",
+                "The scheduler config deciding verify lengths (1 per label set)",
+                list(SCHEDULER_INFO_LABELS),
+                multiprocess_mode="max",
+            ),
         )
+        for reason in FALLBACK_REASONS:
+            _metrics["fallback"].labels(reason=reason)
+        for reason in REFUSAL_REASONS:
+            _metrics["refused"].labels(reason=reason)
         return _metrics
+
+
+def ensure_created() -> None:
+    """Create this process's metrics now (every series is then exported, at 0)."""
+    _get()
+
+
+#: Labels of ``dspark_scheduler_info`` (one series per deciding config).
+SCHEDULER_INFO_LABELS: tuple[str, ...] = (
+    "policy",
+    "sla_tier",
+    "block_size",
+    "cost_table_sha256",
+    "sts_sha256",
+    "ragged_verify_mode",
+)
+
+
+def publish_scheduler_info(labels: dict[str, str]) -> None:
+    """Set ``dspark_scheduler_info{...} 1`` for the config this worker runs."""
+    _get()["scheduler"].labels(**{k: labels[k] for k in SCHEDULER_INFO_LABELS}).set(1)
 
 
 def observe_decision(seconds: float, verify_tokens: int) -> None:
@@ -73,6 +115,10 @@ def observe_decision(seconds: float, verify_tokens: int) -> None:
 
 def count_fallback(reason: str) -> None:
     _get()["fallback"].labels(reason=reason).inc()
+
+
+def count_refused(reason: str) -> None:
+    _get()["refused"].labels(reason=reason).inc()
 
 
 class PositionAcceptance:

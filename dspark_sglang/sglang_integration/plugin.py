@@ -18,7 +18,12 @@ def install() -> None:
         return
     _installed = True
     cpu_bridges.install()
-    from dspark_sglang.sglang_integration import draft_checkpoint, dspark_moe, scheduler_bridge
+    from dspark_sglang.sglang_integration import (
+        draft_checkpoint,
+        dspark_moe,
+        requests,
+        scheduler_bridge,
+    )
 
     # Cheap and needed in every process (server args read the draft's config.json);
     # the model class itself is registered by DSparkMoeWorker, where a draft is built.
@@ -26,3 +31,4 @@ def install() -> None:
 
     dspark_moe.register()
     scheduler_bridge.install()
+    requests.install()

@@ -24,6 +24,7 @@ file. Unset keeps SGLang's own decision (logged once).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,11 +40,17 @@ from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.cost_table import load_cost_table
 from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
 from dspark_sglang.sglang_integration import metrics
+from dspark_sglang.sglang_integration.launch import (
+    CHART_BLOCK_SIZE,
+    CONFIG_ENV,
+    RAGGED_MODE_ENV,
+    check_ragged_mode,
+)
 
 logger = logging.getLogger(__name__)
 
-CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
-#: Debug/test aid: append every decision (verify lengths SGLang received) as JSON lines.
+#: Debug/test aid: append every decision (the confidences the policy was given and the
+#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only.
 DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 DECIDER_ATTR = "dspark_moe_decider"
 PLANNER_METHOD = (
@@ -76,32 +83,50 @@ class VerifyDecider:
     config: SchedulerConfig
     policy: SchedulingPolicy
     decision_log: Path | None = None
+    #: Only TP rank 0 records metrics and the decision log (every rank decides the same).
+    records: bool = True
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Decide drafts per request from this step's confidences ``[N, B]``."""
         t0 = time.perf_counter()
-        drafts = self.policy.decide(confidence.detach().float().cpu().clamp(0.0, 1.0))
+        given = confidence.detach().float().cpu().clamp(0.0, 1.0)
+        drafts = self.policy.decide(given)
         lens = (drafts.clamp(0, confidence.shape[1]) + 1).to(torch.int32)
-        metrics.observe_decision(time.perf_counter() - t0, int(lens.sum()))
-        if self.decision_log is not None:
+        if self.records:
+            metrics.observe_decision(time.perf_counter() - t0, int(lens.sum()))
+        if self.records and self.decision_log is not None:
+            row = {
+                "policy": self.policy.name,
+                "confidence": given.tolist(),
+                "verify_lens": lens.tolist(),
+            }
             with self.decision_log.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"policy": self.policy.name, "verify_lens": lens.tolist()}))
-                f.write("\n")
+                f.write(json.dumps(row) + "\n")
         return lens.to(device)
 
     def log_used(self, cap_lens: torch.Tensor | None) -> None:
         """Record the verify lengths SGLang's verify actually used (``cap_lens``)."""
-        if self.decision_log is not None:
+        if self.records and self.decision_log is not None:
             used = None if cap_lens is None else cap_lens.cpu().tolist()
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"used_verify_lens": used}) + "\n")
 
 
-def load_decider(gamma: int, env: dict[str, str] | None = None) -> VerifyDecider | None:
+def _sha256_12(path: str | None) -> str:
+    if not path:
+        return "none"
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def load_decider(
+    gamma: int, env: dict[str, str] | None = None, *, tp_rank: int = 0
+) -> VerifyDecider | None:
     """The decider ``DSPARK_SCHEDULER_CONFIG`` asks for, or ``None`` (SGLang decides).
 
     Fails at start-up, naming the field and the fix, when the config does not
-    fit the running worker (block size, ragged-verify mode).
+    fit the running worker (block size, ragged-verify mode, cost table, STS
+    file). Publishes ``dspark_scheduler_info`` (policy, SLA tier, cost-table
+    and STS digests) and logs the same line, so the deciding config is visible.
     """
     env = dict(os.environ) if env is None else env
     path = env.get(CONFIG_ENV)
@@ -112,23 +137,44 @@ def load_decider(gamma: int, env: dict[str, str] | None = None) -> VerifyDecider
     if cfg.block_size != gamma:
         raise ValueError(
             f"{path}: block_size={cfg.block_size} but the draft proposes gamma={gamma} "
-            f"tokens per step; set block_size: {gamma} (or use a matching draft)"
+            f"tokens per step; set block_size: {gamma} (with the Helm chart: "
+            f"{CHART_BLOCK_SIZE}: {gamma}) or use a matching draft"
         )
-    mode = env.get("SGLANG_RAGGED_VERIFY_MODE", "static")
-    if mode == "static":
-        raise ValueError(
-            f"{CONFIG_ENV}={path} selects per-request verify lengths, but "
-            "SGLANG_RAGGED_VERIFY_MODE is 'static' (every request verifies the whole "
-            "block, no confidences); set SGLANG_RAGGED_VERIFY_MODE=cap-accept or compact"
-        )
+    check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), path)
+    if cfg.sts_path:
+        from dspark_sglang.calibration.sts import load_sts
+
+        cal = load_sts(cfg.sts_path)
+        if cal.block_size != gamma:
+            raise ValueError(
+                f"sts_path={cfg.sts_path} was fit for block size {cal.block_size}, the draft "
+                f"proposes {gamma}; refit STS (`dspark-sglang calibrate`) for block_size {gamma}"
+            )
     log = env.get(DECISION_LOG_ENV)
-    decider = VerifyDecider(cfg, policy_from_config(cfg), Path(log) if log else None)
-    logger.info(
-        "DSPARK_MOE: policy %s from %s (sla=%s) decides verify lengths",
-        decider.policy.name,
-        path,
-        cfg.sla_name,
-    )
+    records = tp_rank == 0
+    decider = VerifyDecider(cfg, policy_from_config(cfg), Path(log) if log else None, records)
+    info = {
+        "policy": decider.policy.name,
+        "sla_tier": cfg.sla_name,
+        "block_size": str(cfg.block_size),
+        "cost_table_sha256": _sha256_12(cfg.cost_table_path),
+        "sts_sha256": _sha256_12(cfg.sts_path),
+        "ragged_verify_mode": env.get(RAGGED_MODE_ENV, "static"),
+    }
+    if records:
+        metrics.publish_scheduler_info(info)
+        logger.info(
+            "DSPARK_MOE: policy %s from %s (sla=%s, cost table %s sha256 %s, sts %s, "
+            "%s=%s) decides verify lengths",
+            decider.policy.name,
+            path,
+            cfg.sla_name,
+            cfg.cost_table_path,
+            info["cost_table_sha256"],
+            cfg.sts_path,
+            RAGGED_MODE_ENV,
+            info["ragged_verify_mode"],
+        )
     return decider
 
 

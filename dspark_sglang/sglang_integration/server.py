@@ -57,20 +57,51 @@ class RunningServer:
     log_path: Path
 
 
-def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+def _wait_ready(
+    base_url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path, path: str
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-4000:]
             raise RuntimeError(f"SGLang server exited with {proc.returncode} during start:\n{tail}")
         try:
-            with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as r:
+            with urllib.request.urlopen(base_url + path, timeout=5) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(1.0)
     raise TimeoutError(f"SGLang server at {base_url} not ready after {timeout:.0f} s (log: {log})")
+
+
+@contextlib.contextmanager
+def server_process(
+    cmd: list[str],
+    env: dict[str, str],
+    base_url: str,
+    log_path: Path,
+    ready_timeout: float = 600.0,
+    ready_path: str = "/v1/models",
+) -> Iterator[RunningServer]:
+    """Start a server command, wait until ``ready_path`` answers 200, stop it by PID.
+
+    Every process the server spawned (scheduler, detokenizer, TP ranks) is
+    terminated, then killed, by PID when the block exits, even when it hangs.
+    """
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    root = psutil.Process(proc.pid)
+    children: list[psutil.Process] = []
+    try:
+        _wait_ready(base_url, proc, ready_timeout, log_path, ready_path)
+        yield RunningServer(base_url=base_url, pid=proc.pid, log_path=log_path)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            children = root.children(recursive=True)
+        _kill_leftovers([root, *children])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
@@ -90,20 +121,8 @@ def cpu_server(
         **dict(spec.env),
     }
     cmd = [sys.executable, "-m", "sglang.launch_server", *server_cli_args(spec, host, port)]
-    base_url = f"http://{host}:{port}"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    root = psutil.Process(proc.pid)
-    children: list[psutil.Process] = []
-    try:
-        _wait_ready(base_url, proc, ready_timeout, log_path)
-        yield RunningServer(base_url=base_url, pid=proc.pid, log_path=log_path)
-    finally:
-        with contextlib.suppress(psutil.Error):
-            children = root.children(recursive=True)
-        _kill_leftovers([root, *children])
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+    with server_process(cmd, env, f"http://{host}:{port}", log_path, ready_timeout) as running:
+        yield running
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:

@@ -21,66 +21,27 @@ What is checked, for every values file the chart ships (values.yaml + examples/*
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from chart_tools import CHART, NAMESPACE, RELEASE, ROOT, SHIPPED, render, render_text, run_helm
+
+from dspark_sglang.scheduling.config import POLICIES, SchedulerConfig
 
 pytestmark = pytest.mark.helm
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "dspark-sglang"
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 RUNBOOKS = ROOT / "deploy" / "runbooks"
-RELEASE = "dspark"
-NAMESPACE = "llm"
 K8S_VERSIONS = ("1.30.0", "1.35.0")
-SHIPPED = [CHART / "values.yaml", *sorted((CHART / "examples").glob("*.yaml"))]
 SHIPPED_IDS = [p.name for p in SHIPPED]
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "LeaderWorkerSet", "RayJob"}
 
 Manifest = dict[str, Any]
-
-
-def helm_bin() -> str:
-    """The pinned helm binary; missing means the dev setup was skipped, which is an error."""
-    env = os.environ.get("DSPARK_HELM")
-    cache = Path(
-        os.environ.get("DSPARK_CACHE_DIR")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-sglang"
-    )
-    path = Path(env) if env else cache / "bin" / "helm"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(
-            f"helm not found at {path}: run `bash scripts/setup.sh` "
-            "(or `bash scripts/install_helm.sh`), or point $DSPARK_HELM at a helm v4 binary"
-        )
-    return str(path)
-
-
-def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [helm_bin(), *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
-@functools.cache
-def render_text(values_file: Path) -> str:
-    proc = run_helm(
-        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file)
-    )
-    assert proc.returncode == 0, f"helm template -f {values_file.name} failed:\n{proc.stderr}"
-    return proc.stdout
-
-
-def render(values_file: Path) -> list[Manifest]:
-    return [d for d in yaml.safe_load_all(render_text(values_file)) if d]
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -328,11 +289,9 @@ def expected_scheduler_config(tier: dict[str, Any]) -> dict[str, Any]:
         "policy": s["policy"],
         "block_size": s["blockSize"],
         "max_verify_tokens": s["maxVerifyTokens"],
-        "max_running_requests": s["maxRunningRequests"],
         "cost_table_path": SPS_PATH,
         "sts_path": STS_PATH,
         "sla_name": tier["name"],
-        "min_tokens_per_sec_per_user": tier["minTokensPerSecPerUser"],
         "greedy_only": s.get("greedyOnly", False),
     }
     if "staticK" in s:
@@ -397,7 +356,9 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
             assert a["--tp"] == str(tier["tp"])
             assert a.get("--dp-size") == (str(dp) if dp > 1 else None)
             assert a["--speculative-algorithm"] == "DSPARK_MOE"
-            assert a["--speculative-num-draft-tokens"] == str(s["blockSize"])
+            # SGLang counts the anchor too: block + 1.
+            assert a["--speculative-num-draft-tokens"] == str(s["blockSize"] + 1)
+            assert a["--dtype"] == values["model"]["dtype"]
             assert a["--max-running-requests"] == str(s["maxRunningRequests"])
             assert a["--speculative-dspark-sps-table-path"] == SPS_PATH
             assert a["--speculative-dspark-confidence-sts-path"] == STS_PATH
@@ -414,6 +375,10 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
             assert cm_name == f"{name}-scheduler"
             rendered = yaml.safe_load(index[("ConfigMap", cm_name)]["data"][key])
             assert rendered == expected_scheduler_config(tier)
+            # The chart's derived SGLang settings agree with the plugin's rule.
+            cfg = SchedulerConfig.from_dict(rendered)
+            assert a["--speculative-num-draft-tokens"] == str(cfg.num_draft_tokens)
+            assert env["SGLANG_RAGGED_VERIFY_MODE"] == cfg.ragged_verify_mode
 
             cost = tier["costTable"]
             cm_name, key = mounted_configmap(spec, c, SPS_PATH)
@@ -545,6 +510,14 @@ GOOD_TIER: dict[str, Any] = {
 }
 
 
+INLINE_TABLE: dict[str, Any] = {
+    "sample_batch_tokens": [1, 16, 32],
+    "sample_steps_per_sec": [9.0, 8.0, 6.0],
+    "max_batch_tokens": 64,
+}
+INLINE_STS: dict[str, Any] = {"temperatures": [1.0] * 7, "ece_before": [0.1] * 7}
+
+
 def tier_with(**changes: Any) -> dict[str, Any]:
     t = copy.deepcopy(GOOD_TIER)
     for dotted, v in changes.items():
@@ -665,6 +638,83 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         {"apiKey": {"enabled": True}},
         "apiKey.enabled=true needs apiKey.existingSecret",
     ),
+    # What the plugin's loaders would refuse at pod start, refused at helm template time.
+    (
+        "staticK of zero",
+        {
+            "slaTiers": [
+                tier_with(scheduler={**GOOD_TIER["scheduler"], "policy": "static", "staticK": 0})
+            ]
+        },
+        "/slaTiers/0/scheduler/staticK",
+    ),
+    (
+        "staticK with the lagged policy",
+        {"slaTiers": [tier_with(scheduler__staticK=2)]},
+        "scheduler.staticK is only read by policy static (policy is lagged)",
+    ),
+    (
+        "inline cost table not sorted",
+        {
+            "slaTiers": [
+                tier_with(
+                    costTable={"inline": {**INLINE_TABLE, "sample_batch_tokens": [1, 32, 16]}}
+                )
+            ]
+        },
+        "sample_batch_tokens must be strictly increasing (no duplicate probes), but entry 2 (16)",
+    ),
+    (
+        "inline cost table with a duplicate probe",
+        {
+            "slaTiers": [
+                tier_with(
+                    costTable={"inline": {**INLINE_TABLE, "sample_batch_tokens": [1, 16, 16]}}
+                )
+            ]
+        },
+        "must be strictly increasing (no duplicate probes)",
+    ),
+    (
+        "inline cost table of mismatched lengths",
+        {
+            "slaTiers": [
+                tier_with(
+                    costTable={"inline": {**INLINE_TABLE, "sample_steps_per_sec": [9.0, 8.0]}}
+                )
+            ]
+        },
+        "has 3 sample_batch_tokens but 2 sample_steps_per_sec",
+    ),
+    (
+        "inline cost table max_batch_tokens below the last probe",
+        {"slaTiers": [tier_with(costTable={"inline": {**INLINE_TABLE, "max_batch_tokens": 20}})]},
+        "max_batch_tokens=20 is below the last probe 32",
+    ),
+    (
+        "inline cost table with an absurd max_batch_tokens",
+        {
+            "slaTiers": [
+                tier_with(costTable={"inline": {**INLINE_TABLE, "max_batch_tokens": 10**30}})
+            ]
+        },
+        "/slaTiers/0/costTable/inline/max_batch_tokens",
+    ),
+    (
+        "inline STS with an unknown key",
+        {"slaTiers": [tier_with(sts={"inline": {**INLINE_STS, "temperature": [1.0]}})]},
+        "additional properties 'temperature'",
+    ),
+    (
+        "inline STS with an ECE above 1",
+        {"slaTiers": [tier_with(sts={"inline": {**INLINE_STS, "ece_after": [1.5] * 7}})]},
+        "/slaTiers/0/sts/inline/ece_after/0",
+    ),
+    (
+        "inline STS with one temperature too few",
+        {"slaTiers": [tier_with(sts={"inline": {**INLINE_STS, "temperatures": [1.0] * 6}})]},
+        "sts.inline has 6 temperatures but scheduler.blockSize is 7",
+    ),
 ]
 
 
@@ -684,11 +734,39 @@ def test_bad_values_are_rejected_with_a_clear_message(
 
 
 def test_good_tier_used_by_bad_value_cases_is_itself_accepted(tmp_path: Path) -> None:
-    """Each bad case differs from this accepted file by exactly the named mistake."""
-    good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump({"slaTiers": [GOOD_TIER]}))
-    proc = run_helm("template", RELEASE, str(CHART), "-f", str(good))
+    """Each bad case differs from these accepted files by exactly the named mistake."""
+    for i, tier in enumerate(
+        [GOOD_TIER, tier_with(costTable={"inline": INLINE_TABLE}, sts={"inline": INLINE_STS})]
+    ):
+        good = tmp_path / f"good{i}.yaml"
+        good.write_text(yaml.safe_dump({"slaTiers": [tier]}))
+        proc = run_helm("template", RELEASE, str(CHART), "-f", str(good))
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_ragged_verify_mode_follows_the_policy(policy: str, tmp_path: Path) -> None:
+    """The chart's policy -> SGLANG_RAGGED_VERIFY_MODE rule is the plugin's, for every policy."""
+    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy}
+    if policy != "lagged":
+        sched.pop("lagSteps")
+    if policy == "static":
+        sched["staticK"] = 3
+    f = tmp_path / "v.yaml"
+    f.write_text(yaml.safe_dump({"slaTiers": [tier_with(scheduler=sched)]}))
+    proc = run_helm("template", RELEASE, str(CHART), "-f", str(f))
     assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    env = {
+        e["name"]: e.get("value")
+        for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    (cm,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+    ]
+    cfg = SchedulerConfig.from_dict(yaml.safe_load(cm["data"]["scheduler.yaml"]))
+    assert env["SGLANG_RAGGED_VERIFY_MODE"] == cfg.ragged_verify_mode
 
 
 # --- 5. golden file ------------------------------------------------------------------

@@ -71,7 +71,7 @@ def strip_suffix(name: str) -> str:
 
 
 def recorded_series() -> set[str]:
-    from test_helm_chart import render  # the chart test's cached renderer
+    from chart_tools import render
 
     docs = render(CHART / "values.yaml")
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
@@ -126,7 +126,7 @@ def dspark_invocations(line: str) -> list[list[str]]:
 
 
 def chart_invocations() -> list[list[str]]:
-    from test_helm_chart import render
+    from chart_tools import render
 
     docs = render(CHART / "examples" / "jobs-profile-calibrate.yaml")
     calls = []
@@ -184,7 +184,7 @@ def test_runbook_links_resolve_and_every_alert_has_one() -> None:
 
 def test_install_script_pins_and_verifies_helm(tmp_path: Path) -> None:
     """Idempotent re-run against the installed binary: hash check passes, path printed."""
-    from test_helm_chart import helm_bin
+    from chart_tools import helm_bin
 
     script = ROOT / "scripts" / "install_helm.sh"
     text = script.read_text()

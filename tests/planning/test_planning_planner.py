@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from chart_tools import helm_bin
 
 from dspark_sglang.cli import main
 from dspark_sglang.planning.frontier import PolicySpec
@@ -74,20 +74,9 @@ def test_values_validate_against_chart_schema(planner: Planner, table) -> None:
     assert tier_name(80.5) == "sla-80-5"
 
 
-def _helm() -> Path | None:
-    cache = Path(
-        os.environ.get("DSPARK_CACHE_DIR")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-sglang"
-    )
-    p = Path(os.environ.get("DSPARK_HELM", cache / "bin" / "helm"))
-    return p if p.is_file() and os.access(p, os.X_OK) else None
-
-
 @pytest.mark.helm
 def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
-    helm = _helm()
-    if helm is None:
-        pytest.fail("helm not installed: run `bash scripts/setup.sh` (scripts/install_helm.sh)")
+    helm = helm_bin()
     profile = tmp_path / "sps.json"
     table.save(profile)
     out = tmp_path / "values-planned.yaml"
@@ -134,9 +123,7 @@ def test_plan_from_committed_profile_mounts_the_profilers_configmap(tmp_path: Pa
     # from it must mount exactly the ConfigMap the profiler published for that table.
     from dspark_sglang.profiling.configmap import configmap_name
 
-    helm = _helm()
-    if helm is None:
-        pytest.fail("helm not installed: run `bash scripts/setup.sh` (scripts/install_helm.sh)")
+    helm = helm_bin()
     hw = "cpu-amd-epyc-avx2-2c"
     profile = ROOT / "profiles" / hw / "smollm2-135m-instruct-tp1.json"
     out = tmp_path / "values-planned.yaml"

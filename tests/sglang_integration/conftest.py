@@ -29,13 +29,6 @@ NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    from dspark_sglang.targets.smollm2 import ensure_smollm2
-
-    return ensure_smollm2()
-
-
-@pytest.fixture(scope="session")
 def prompt_ids(smollm2_path: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 

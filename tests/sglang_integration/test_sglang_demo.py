@@ -17,12 +17,11 @@ from rich.console import Console
 from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.demo import (
-    STS_FILENAME,
     DemoError,
     EngineRun,
-    scheduler_env,
     write_scheduler_config,
 )
+from dspark_sglang.sglang_integration.launch import STS_FILENAME, scheduler_env
 
 
 def test_engine_run_aggregates_sglang_meta_info() -> None:

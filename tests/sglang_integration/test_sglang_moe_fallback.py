@@ -59,3 +59,26 @@ def test_guard_turns_a_raising_drafter_into_plain_decoding(monkeypatch: pytest.M
     assert getattr(planner, fallback.FORCE_PLAIN_ATTR) is True
     assert p.draft_block.draft_tokens.tolist() == [[11, 11], [12, 12]]
     assert guard.fallbacks == 1
+
+
+@pytest.mark.parametrize("with_confidence", [True, False])
+def test_nan_injection_falls_back_in_every_ragged_mode(
+    monkeypatch: pytest.MonkeyPatch, with_confidence: bool
+) -> None:
+    """NaN injection must turn into a fallback even where proposals carry no confidences
+    (SGLang's static ragged mode) and no draft logits (a greedy draft block)."""
+    monkeypatch.setenv(fallback.FAULT_EVERY_ENV, "2")
+    monkeypatch.setenv(fallback.FAULT_MODE_ENV, "nan")
+
+    class DraftInput:
+        bonus_tokens = torch.tensor([[11], [12]])
+
+    planner = _Planner()
+    planner.carries_confidence = with_confidence
+    healthy = _proposal(torch.zeros(1) if with_confidence else None)
+    assert (healthy.confidence is None) is not with_confidence
+    guard = fallback.GuardedPropose(lambda **kw: healthy, object(), planner, gamma=3)
+    outs = [guard(bs=2, draft_input=DraftInput(), sampling_info=None) for _ in range(6)]
+    assert guard.fallbacks == 3  # steps 2, 4, 6
+    assert outs[0] is healthy and outs[1] is not healthy
+    assert getattr(planner, fallback.FORCE_PLAIN_ATTR) is True

@@ -96,8 +96,39 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- fail (printf "%s: multi-node tiers run one tensor-parallel group across all nodes, so tp must equal gpusPerPod x nodes = %d (got tp=%d)" $where (mul $gpus $nodes) $tp) -}}
 {{- end -}}
 {{- $s := $t.scheduler -}}
-{{- if and (hasKey $s "staticK") (gt (int $s.staticK) (int $s.blockSize)) -}}
-{{- fail (printf "%s: scheduler.staticK=%d exceeds scheduler.blockSize=%d; a static policy cannot verify more drafts than the block holds" $where (int $s.staticK) (int $s.blockSize)) -}}
+{{- $b := int $s.blockSize -}}
+{{- if hasKey $s "staticK" -}}
+{{- if ne $s.policy "static" -}}
+{{- fail (printf "%s: scheduler.staticK is only read by policy static (policy is %s); remove staticK or set policy: static" $where $s.policy) -}}
+{{- end -}}
+{{- if gt (int $s.staticK) $b -}}
+{{- fail (printf "%s: scheduler.staticK=%d exceeds scheduler.blockSize=%d; a static policy cannot verify more drafts than the block holds" $where (int $s.staticK) $b) -}}
+{{- end -}}
+{{- end -}}
+{{- with $t.costTable.inline -}}
+{{- $probes := .sample_batch_tokens -}}
+{{- if ne (len $probes) (len .sample_steps_per_sec) -}}
+{{- fail (printf "%s: costTable.inline has %d sample_batch_tokens but %d sample_steps_per_sec; give one rate per probe" $where (len $probes) (len .sample_steps_per_sec)) -}}
+{{- end -}}
+{{- range $i, $x := $probes -}}
+{{- if and (gt $i 0) (le (int $x) (int (index $probes (sub $i 1)))) -}}
+{{- fail (printf "%s: costTable.inline.sample_batch_tokens must be strictly increasing (no duplicate probes), but entry %d (%d) follows %d" $where $i (int $x) (int (index $probes (sub $i 1)))) -}}
+{{- end -}}
+{{- end -}}
+{{- if lt (int .max_batch_tokens) (int (last $probes)) -}}
+{{- fail (printf "%s: costTable.inline.max_batch_tokens=%d is below the last probe %d; it must be >= the largest sample_batch_tokens" $where (int .max_batch_tokens) (int (last $probes))) -}}
+{{- end -}}
+{{- end -}}
+{{- with $t.sts.inline -}}
+{{- if ne (len .temperatures) $b -}}
+{{- fail (printf "%s: sts.inline has %d temperatures but scheduler.blockSize is %d; STS needs one temperature per draft position (refit with `dspark-sglang calibrate` for this drafter)" $where (len .temperatures) $b) -}}
+{{- end -}}
+{{- range $k := list "ece_before" "ece_after" -}}
+{{- $v := get $t.sts.inline $k -}}
+{{- if and $v (ne (len $v) $b) -}}
+{{- fail (printf "%s: sts.inline.%s has %d entries for blockSize %d; give one per position or leave it out" $where $k (len $v) $b) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if and $t.autoscaling.enabled (lt (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
 {{- fail (printf "%s: autoscaling.maxReplicas=%d < minReplicas=%d" $where (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
@@ -179,12 +210,26 @@ static_k: {{ int $s.staticK }}
 lag_steps: {{ int $s.lagSteps }}
 {{- end }}
 max_verify_tokens: {{ int $s.maxVerifyTokens }}
-max_running_requests: {{ int $s.maxRunningRequests }}
 cost_table_path: {{ include "dspark.costTablePath" . }}
 sts_path: {{ include "dspark.stsPath" . }}
 sla_name: {{ .t.name }}
-min_tokens_per_sec_per_user: {{ .t.minTokensPerSecPerUser }}
 greedy_only: {{ $s.greedyOnly | default false }}
+{{- end -}}
+
+{{/*
+What SGLang is told about the drafts, derived from the tier (never typed twice):
+SGLang's --speculative-num-draft-tokens counts the anchor, so it is blockSize + 1;
+SGLANG_RAGGED_VERIFY_MODE is "static" (verify the whole block, SGLang's own path)
+for verify_all and "cap-accept" for every policy that picks per-request verify
+lengths. The plugin holds the same rule (SchedulerConfig.ragged_verify_mode,
+.num_draft_tokens) and refuses a server whose settings disagree with it.
+*/}}
+{{- define "dspark.numDraftTokens" -}}
+{{- add1 (int .t.scheduler.blockSize) -}}
+{{- end -}}
+
+{{- define "dspark.raggedVerifyMode" -}}
+{{- if eq .t.scheduler.policy "verify_all" -}}static{{- else -}}cap-accept{{- end -}}
 {{- end -}}
 
 {{/* Everything a tier's pods read from ConfigMaps this chart owns: its hash rolls the pods. */}}

@@ -10,6 +10,8 @@ The scheduler-facing flags come only from the tier (tests/helm checks this).
 {{- $dp := div (mul (int $t.gpusPerPod) (int $t.nodes)) (int $t.tp) -}}
 - --model-path
 - {{ $root.Values.model.targetPath | quote }}
+- --dtype
+- {{ $root.Values.model.dtype | quote }}
 - --tp
 - {{ int $t.tp | quote }}
 {{- if gt (int $dp) 1 }}
@@ -25,7 +27,7 @@ The scheduler-facing flags come only from the tier (tests/helm checks this).
 - --speculative-draft-model-path
 - {{ $root.Values.model.drafterPath | quote }}
 - --speculative-num-draft-tokens
-- {{ int $s.blockSize | quote }}
+- {{ include "dspark.numDraftTokens" . | quote }}
 - --speculative-dspark-sps-table-path
 - {{ include "dspark.costTablePath" . }}
 - --speculative-dspark-confidence-sts-path
@@ -169,6 +171,9 @@ containers:
         value: {{ include "dspark.schedulerConfigPath" . }}
       - name: DSPARK_SLA_TIER
         value: {{ $t.name | quote }}
+      # How SGLang verifies the drafts: derived from the tier's policy (dspark.raggedVerifyMode).
+      - name: SGLANG_RAGGED_VERIFY_MODE
+        value: {{ include "dspark.raggedVerifyMode" . | quote }}
       # Cheap /health for liveness; readiness uses /health_generate.
       - name: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
         value: "false"

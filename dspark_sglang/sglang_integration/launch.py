@@ -1,0 +1,124 @@
+"""How a ``DSPARK_MOE`` server is launched: the settings that derive from the drafter and tier.
+
+One home for three facts every launcher needs (the Helm chart, the demo, the
+benchmarks, the tests), so none of them types a number twice:
+
+* ``--speculative-num-draft-tokens`` is the drafter's block size plus the anchor
+  (:func:`drafter_block_size`, ``SchedulerConfig.num_draft_tokens``);
+* ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy
+  (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`);
+* the drafter folder's STS file is :data:`STS_FILENAME`.
+
+:func:`check_server_args` runs in SGLang's server-argument resolution (our
+algorithm's ``handle_server_args``), before SGLang's own DSpark checks, so a
+mismatch is refused with the value to change rather than SGLang's generic
+``gamma + 1`` message. The Helm chart renders both settings from
+``slaTiers[].scheduler`` (``dspark.numDraftTokens``, ``dspark.raggedVerifyMode``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from dspark_sglang.scheduling.config import RAGGED_VERIFY_MODES, SchedulerConfig
+
+__all__ = [
+    "CONFIG_ENV",
+    "RAGGED_MODE_ENV",
+    "STS_FILENAME",
+    "LaunchError",
+    "check_ragged_mode",
+    "check_server_args",
+    "drafter_block_size",
+    "scheduler_env",
+]
+
+#: The scheduler config file the plugin reads (the chart mounts it per tier).
+CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
+#: SGLang's ragged-verify switch.
+RAGGED_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+#: The STS calibration that travels with a drafter checkpoint.
+STS_FILENAME = "sts.json"
+#: Where the chart's values set the block size (named in errors chart users see).
+CHART_BLOCK_SIZE = "slaTiers[].scheduler.blockSize"
+
+
+class LaunchError(ValueError):
+    """Server settings that do not fit the drafter or the tier's scheduler config."""
+
+
+def drafter_block_size(folder: str | Path) -> int:
+    """``block_size`` of a DSpark drafter checkpoint folder (its ``config.json``)."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        block = config["dspark_config"]["block_size"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LaunchError(
+            f"{path}: cannot read dspark_config.block_size ({type(exc).__name__}: {exc}); "
+            "point --speculative-draft-model-path at a drafter written by dspark-sglang"
+        ) from exc
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise LaunchError(
+            f"{path}: dspark_config.block_size must be an integer >= 1, got {block!r}"
+        )
+    return block
+
+
+def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
+    """Refuse a ragged-verify mode the config's policy cannot run under."""
+    if mode not in RAGGED_VERIFY_MODES:
+        raise LaunchError(
+            f"{RAGGED_MODE_ENV}={mode!r} is not one of {list(RAGGED_VERIFY_MODES)}; "
+            f"policy {cfg.policy!r} runs under {RAGGED_MODE_ENV}={cfg.ragged_verify_mode}"
+        )
+    if cfg.ragged_verify_mode != "static" and mode == "static":
+        raise LaunchError(
+            f"{CONFIG_ENV}={source} selects per-request verify lengths (policy "
+            f"{cfg.policy!r}), but {RAGGED_MODE_ENV} is 'static' (every request verifies "
+            f"the whole block, no confidences); set {RAGGED_MODE_ENV}=cap-accept or compact "
+            "(the Helm chart sets it from the tier's policy)"
+        )
+
+
+def check_server_args(
+    num_draft_tokens: int | None, drafter_path: str | None, env: Mapping[str, str] | None = None
+) -> None:
+    """Refuse ``--speculative-num-draft-tokens`` or a scheduler config that is not the drafter's.
+
+    ``None`` for ``num_draft_tokens`` lets SGLang derive it from the drafter
+    (always right); a path SGLang resolves from a hub is left to SGLang.
+    """
+    env = os.environ if env is None else env
+    if not drafter_path or not (Path(drafter_path) / "config.json").is_file():
+        return
+    block = drafter_block_size(drafter_path)
+    if num_draft_tokens is not None and int(num_draft_tokens) != block + 1:
+        raise LaunchError(
+            f"--speculative-num-draft-tokens {num_draft_tokens} does not fit the drafter at "
+            f"{drafter_path}: its block_size is {block}, so SGLang needs {block + 1} "
+            f"(block + anchor); pass {block + 1} or omit the flag (with the Helm chart: set "
+            f"{CHART_BLOCK_SIZE}: {block})"
+        )
+    config = env.get(CONFIG_ENV)
+    if config:
+        cfg = SchedulerConfig.load(config)
+        if cfg.block_size != block:
+            raise LaunchError(
+                f"{config}: block_size={cfg.block_size} but the drafter at {drafter_path} "
+                f"proposes {block} tokens per step; set block_size: {block} (with the Helm "
+                f"chart: {CHART_BLOCK_SIZE}: {block}) or mount the drafter this tier was "
+                "configured for"
+            )
+        check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), config)
+
+
+def scheduler_env(config_path: str | Path | None) -> dict[str, str]:
+    """Environment for a DSPARK_MOE server: SGLang's own decision, or the config's policy."""
+    if config_path is None:
+        return {RAGGED_MODE_ENV: "static"}
+    cfg = SchedulerConfig.load(config_path)
+    return {RAGGED_MODE_ENV: cfg.ragged_verify_mode, CONFIG_ENV: str(config_path)}
