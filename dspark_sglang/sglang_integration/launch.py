@@ -30,6 +30,7 @@ __all__ = [
     "RAGGED_MODE_ENV",
     "STS_FILENAME",
     "LaunchError",
+    "check_config",
     "check_ragged_mode",
     "check_server_args",
     "drafter_block_size",
@@ -105,15 +106,21 @@ def check_server_args(
         )
     config = env.get(CONFIG_ENV)
     if config:
-        cfg = SchedulerConfig.load(config)
-        if cfg.block_size != block:
-            raise LaunchError(
-                f"{config}: block_size={cfg.block_size} but the drafter at {drafter_path} "
-                f"proposes {block} tokens per step; set block_size: {block} (with the Helm "
-                f"chart: {CHART_BLOCK_SIZE}: {block}) or mount the drafter this tier was "
-                "configured for"
-            )
-        check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), config)
+        check_config(SchedulerConfig.load(config), config, block, env)
+
+
+def check_config(
+    cfg: SchedulerConfig, source: str, block_size: int, env: Mapping[str, str]
+) -> None:
+    """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong."""
+    if cfg.block_size != block_size:
+        raise LaunchError(
+            f"{source}: block_size={cfg.block_size} but the drafter proposes {block_size} "
+            f"tokens per step; set block_size: {block_size} (with the Helm chart: "
+            f"{CHART_BLOCK_SIZE}: {block_size}) or mount the drafter this tier was "
+            "configured for"
+        )
+    check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), source)
 
 
 def scheduler_env(config_path: str | Path | None) -> dict[str, str]:

@@ -40,12 +40,7 @@ from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.cost_table import load_cost_table
 from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
 from dspark_sglang.sglang_integration import metrics
-from dspark_sglang.sglang_integration.launch import (
-    CHART_BLOCK_SIZE,
-    CONFIG_ENV,
-    RAGGED_MODE_ENV,
-    check_ragged_mode,
-)
+from dspark_sglang.sglang_integration.launch import CONFIG_ENV, RAGGED_MODE_ENV, check_config
 
 logger = logging.getLogger(__name__)
 
@@ -134,13 +129,7 @@ def load_decider(
         logger.info("%s not set: DSPARK_MOE keeps SGLang's verify-budget decision", CONFIG_ENV)
         return None
     cfg = SchedulerConfig.load(path)
-    if cfg.block_size != gamma:
-        raise ValueError(
-            f"{path}: block_size={cfg.block_size} but the draft proposes gamma={gamma} "
-            f"tokens per step; set block_size: {gamma} (with the Helm chart: "
-            f"{CHART_BLOCK_SIZE}: {gamma}) or use a matching draft"
-        )
-    check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), path)
+    check_config(cfg, path, gamma, env)
     if cfg.sts_path:
         from dspark_sglang.calibration.sts import load_sts
 

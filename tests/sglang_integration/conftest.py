@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from hf_greedy import hf_greedy
 
 # Must be set before anything imports sglang: its is_cpu() probe is cached.
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
@@ -34,26 +35,6 @@ def prompt_ids(smollm2_path: Path) -> list[list[int]]:
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-
-
-def hf_greedy(model_path: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """HF transformers greedy continuation (KV cache, no early stop), fp32."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    outs: list[list[int]] = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            out = model(input_ids=x, use_cache=True)
-            past, toks = out.past_key_values, []
-            for _ in range(n):
-                nxt = int(out.logits[0, -1].argmax())
-                toks.append(nxt)
-                out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
-                past = out.past_key_values
-            outs.append(toks)
-    return outs
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,100 @@
+"""Launch facts and front-door request checks, without an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.sglang_integration import launch, requests
+
+DRAFTER = Path(launch.__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2"
+
+
+def _config(tmp_path: Path, **kw: object) -> str:
+    path = tmp_path / f"scheduler-{len(list(tmp_path.iterdir()))}.yaml"
+    SchedulerConfig(**{"block_size": 7, "policy": "mtp1", **kw}).save(path)  # type: ignore[arg-type]
+    return str(path)
+
+
+def test_draft_tokens_must_be_the_drafters_block_plus_one(tmp_path: Path) -> None:
+    assert launch.drafter_block_size(DRAFTER) == 7
+    launch.check_server_args(8, str(DRAFTER), {})
+    launch.check_server_args(None, str(DRAFTER), {})  # SGLang derives it from the drafter
+    with pytest.raises(launch.LaunchError, match=r"SGLang needs 8 .*blockSize: 7"):
+        launch.check_server_args(7, str(DRAFTER), {})
+
+
+def test_scheduler_config_must_fit_the_drafter_and_the_mode(tmp_path: Path) -> None:
+    env = {launch.CONFIG_ENV: _config(tmp_path), launch.RAGGED_MODE_ENV: "cap-accept"}
+    launch.check_server_args(8, str(DRAFTER), env)
+    with pytest.raises(launch.LaunchError, match="SGLANG_RAGGED_VERIFY_MODE is 'static'"):
+        launch.check_server_args(8, str(DRAFTER), {**env, launch.RAGGED_MODE_ENV: "static"})
+    with pytest.raises(launch.LaunchError, match="not one of"):
+        launch.check_server_args(8, str(DRAFTER), {**env, launch.RAGGED_MODE_ENV: "ragged"})
+    wrong = {**env, launch.CONFIG_ENV: _config(tmp_path, block_size=5)}
+    with pytest.raises(launch.LaunchError, match=r"block_size=5 but the drafter proposes 7"):
+        launch.check_server_args(8, str(DRAFTER), wrong)
+    # verify_all runs under SGLang's static path; so does a server without our config.
+    all_env = {launch.CONFIG_ENV: _config(tmp_path, policy="verify_all")}
+    launch.check_server_args(8, str(DRAFTER), all_env)
+    assert launch.scheduler_env(None) == {launch.RAGGED_MODE_ENV: "static"}
+    assert launch.scheduler_env(env[launch.CONFIG_ENV])[launch.RAGGED_MODE_ENV] == "cap-accept"
+
+
+def test_token_ids_outside_the_vocabulary_are_refused() -> None:
+    requests.check_token_ids([0, 5, 99], vocab_size=100)
+    requests.check_token_ids([], vocab_size=100)
+    for bad in ([100, 1], [3, -1]):
+        with pytest.raises(requests.RequestRefusedError, match=r"valid ids are 0\.\.99"):
+            requests.check_token_ids(bad, vocab_size=100)
+
+
+@pytest.mark.parametrize(
+    ("params", "greedy"),
+    [
+        ({"temperature": 0.0}, True),
+        ({"temperature": 1e-9}, True),
+        ({"temperature": 0.7, "top_k": 1}, True),
+        ({"temperature": 0.7}, False),
+        ({}, False),  # SGLang's default temperature is 1
+        (None, False),
+    ],
+)
+def test_greedy_means_what_sglang_decodes_greedily(params: dict | None, greedy: bool) -> None:
+    assert requests.is_greedy(params) is greedy
+
+
+def test_hook_refuses_sampled_requests_only_on_greedy_only_tiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100))
+    sampled = SimpleNamespace(sampling_params={"temperature": 1.0})
+    greedy = SimpleNamespace(sampling_params={"temperature": 0.0})
+    for greedy_only, refused in ((False, False), (True, True)):
+        requests._greedy_only_tier.cache_clear()
+        monkeypatch.setenv(
+            launch.CONFIG_ENV, _config(tmp_path, greedy_only=greedy_only, sla_name="eval")
+        )
+        assert requests.validate_request_hook("r", manager, greedy, [1, 2]) == "r"
+        if refused:
+            with pytest.raises(requests.RequestRefusedError, match="tier 'eval' serves greedy"):
+                requests.validate_request_hook(None, manager, sampled, [1, 2])
+        else:
+            requests.validate_request_hook(None, manager, sampled, [1, 2])
+    with pytest.raises(requests.RequestRefusedError, match="outside the model's vocabulary"):
+        requests.validate_request_hook(None, manager, greedy, [100])
+    requests._greedy_only_tier.cache_clear()
+
+
+def test_validation_errors_carry_no_server_paths() -> None:
+    from fastapi.exceptions import RequestValidationError
+
+    exc = RequestValidationError(
+        [{"type": "missing", "loc": ("body", "prompt"), "msg": "Field required"}],
+        endpoint_ctx={"function": "f", "path": "POST /x", "file": "/srv/app.py", "line": 3},
+    )
+    assert "/srv/app.py" in str(exc)  # FastAPI's own text names the file
+    assert requests.no_endpoint_context(exc) == ""
