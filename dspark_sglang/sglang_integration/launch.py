@@ -34,6 +34,7 @@ __all__ = [
     "check_ragged_mode",
     "check_server_args",
     "drafter_block_size",
+    "is_dspark_moe_drafter",
     "scheduler_env",
 ]
 
@@ -69,6 +70,17 @@ def drafter_block_size(folder: str | Path) -> int:
     return block
 
 
+def is_dspark_moe_drafter(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a drafter written by dspark-sglang (``model_type`` ours)."""
+    from dspark_sglang.model.config import HF_MODEL_TYPE
+
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == HF_MODEL_TYPE
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
 def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
     """Refuse a ragged-verify mode the config's policy cannot run under."""
     if mode not in RAGGED_VERIFY_MODES:
@@ -91,10 +103,13 @@ def check_server_args(
     """Refuse ``--speculative-num-draft-tokens`` or a scheduler config that is not the drafter's.
 
     ``None`` for ``num_draft_tokens`` lets SGLang derive it from the drafter
-    (always right); a path SGLang resolves from a hub is left to SGLang.
+    (always right). A path SGLang resolves from a hub, or a draft checkpoint in
+    SGLang's own dense format (another ``model_type``), is left to SGLang's checks and
+    to the worker's (``scheduler_bridge.load_decider`` compares the config with the
+    running block size).
     """
     env = os.environ if env is None else env
-    if not drafter_path or not (Path(drafter_path) / "config.json").is_file():
+    if not drafter_path or not is_dspark_moe_drafter(drafter_path):
         return
     block = drafter_block_size(drafter_path)
     if num_draft_tokens is not None and int(num_draft_tokens) != block + 1:
