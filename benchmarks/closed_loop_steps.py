@@ -38,8 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dspark_sglang.bench.acceptance import load_eval_prompts
-from dspark_sglang.bench.cli import _simval_server_spec
-from dspark_sglang.bench.sim_validation import interleave_prompts
+from dspark_sglang.bench.sim_validation import interleave_prompts, server_spec
 from dspark_sglang.planning.live import (
     LoadRun,
     LoadSteps,
@@ -49,10 +48,10 @@ from dspark_sglang.planning.live import (
     profile_server,
     stream_generate,
 )
-from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR, ensure_target_path
 from dspark_sglang.results import dump_json
 from dspark_sglang.sglang_integration.server import cpu_server
 from dspark_sglang.targets.hf_target import HFTarget
+from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR, ensure_smollm2_with_status
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "closed_loop_steps.json"
@@ -90,7 +89,7 @@ def main() -> int:
     console = Console()
     c, n_out = args.concurrency, args.output_tokens
 
-    model_path = ensure_target_path(console)
+    model_path = ensure_smollm2_with_status(console)
     target = HFTarget(model_path, num_threads=1)
     by_set = load_eval_prompts(target, ["gsm8k", "humaneval", "mtbench"], 10)
     del target
@@ -98,9 +97,7 @@ def main() -> int:
     loop_prompts = [prompts[i % len(prompts)] for i in range(args.requests)]
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec = _simval_server_spec(
-            model_path, DEFAULT_DRAFTER_DIR.resolve(), args.static_k, 1, Path(tmp)
-        )
+        spec = server_spec(model_path, DEFAULT_DRAFTER_DIR.resolve(), args.static_k, 1, Path(tmp))
         with cpu_server(spec, Path(tmp) / "server.log") as srv:
 
             def send(p: Sequence[int], m: int) -> RequestTimeline:

@@ -30,9 +30,9 @@ from dspark_sglang.bench.sim_validation import (
     simulate_level,
 )
 from dspark_sglang.planning.traces import load_traces_many
-from dspark_sglang.reference.cli import ensure_target_path
 from dspark_sglang.scheduling.cost_table import SpsCostTable
 from dspark_sglang.targets.hf_target import HFTarget
+from dspark_sglang.targets.smollm2 import ensure_smollm2_with_status
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ("gsm8k", "humaneval", "mtbench")  # as `bench sim-validation` loads them
@@ -54,7 +54,7 @@ def main() -> int:
     args = ap.parse_args()
     console = Console(width=130)
     runs = args.runs or sorted((REPO / "benchmarks/results").glob("sim_validation*.json"))
-    target = HFTarget(ensure_target_path(console), num_threads=1)
+    target = HFTarget(ensure_smollm2_with_status(console), num_threads=1)
     by_set = load_eval_prompts(target, list(SETS), args.num_prompts)
     del target
     prompts, domains = interleave_prompts(by_set, SETS, args.num_prompts)

@@ -1,7 +1,7 @@
 """float32 vs bfloat16 for the two CPU-heavy training passes (writes benchmarks/results/).
 
-Why: one issue-3 run (data + a DSpark/DFlash pair + bench) did not fit in a working
-session in float32. These Xeons have AMX-BF16, so ``data.gen_dtype: bfloat16`` and
+Why: one drafter-comparison run (data + a DSpark/DFlash pair + bench) did not fit in a
+working session in float32. These Xeons have AMX-BF16, so ``data.gen_dtype: bfloat16`` and
 ``run.autocast: bfloat16`` were added; this measures what they buy, side by side in
 one process, and what they cost in fidelity:
 
@@ -31,10 +31,10 @@ import torch
 from transformers import GenerationConfig
 
 from dspark_sglang.results import dump_json
-from dspark_sglang.training.cli import load_target
 from dspark_sglang.training.config import TrainConfig, load_config
 from dspark_sglang.training.datagen import left_pad, load_responses
 from dspark_sglang.training.dataset import HiddenCache
+from dspark_sglang.training.pipeline import load_target
 from dspark_sglang.training.trainer import batch_loss, build_drafter, iterate_batches
 
 REPO = Path(__file__).resolve().parents[1]

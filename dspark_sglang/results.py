@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from dspark_sglang.targets.smollm2 import cache_root
 
-__all__ = ["dump_json", "portable", "portable_path"]
+__all__ = ["dump_json", "local_path", "portable", "portable_path", "software_versions"]
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -47,6 +48,23 @@ def portable_path(text: str) -> str:
     return text
 
 
+def local_path(text: str) -> Path:
+    """A path a result file stores, on this machine (the inverse of :func:`portable_path`).
+
+    ``$DSPARK_CACHE_DIR/...``, ``$TMPDIR/...`` and ``~/...`` resolve against this
+    machine's roots; an absolute path is kept; any other is relative to the checkout.
+    """
+    for repl, root in (
+        ("$DSPARK_CACHE_DIR", cache_root()),
+        ("$TMPDIR", Path(tempfile.gettempdir())),
+        ("~", Path.home()),
+    ):
+        if text == repl or text.startswith(repl + "/"):
+            return root / text[len(repl) :].lstrip("/")
+    p = Path(text)
+    return p if p.is_absolute() else _REPO / p
+
+
 def portable(value: Any) -> Any:
     """``value`` (parsed JSON) with every string passed through :func:`portable_path`."""
     if isinstance(value, str):
@@ -66,3 +84,22 @@ def dump_json(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(portable(body), indent=indent, allow_nan=allow_nan) + "\n")
     return out
+
+
+def software_versions() -> dict[str, str]:
+    """Python, torch, transformers and this package's versions, stamped into results."""
+    import importlib.metadata as md
+
+    import torch
+    import transformers
+
+    try:
+        ours = md.version("dspark-sglang")
+    except md.PackageNotFoundError:
+        ours = "unknown (not installed)"
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dspark_sglang": ours,
+    }

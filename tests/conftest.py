@@ -10,7 +10,7 @@ import pytest
 # Tests never have a GPU. SGLang caches its is_cpu() probe on first use, so the
 # CPU-engine switch must be in place before whichever test folder imports it first.
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-# Ray must never phone home from a test run (PLATFORM.md).
+# Ray must never phone home from a test run: tests must not touch the network.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 

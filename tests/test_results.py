@@ -23,6 +23,8 @@ def test_known_roots_become_portable(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "benchmarks/results/a.json"
     )
     assert results.portable_path("relative/path") == "relative/path"
+    for p in (cache / "runs/x", ROOT / "benchmarks/results/a.json", Path("/opt/elsewhere")):
+        assert results.local_path(results.portable_path(str(p))) == p
     assert results.portable_path("/opt/elsewhere") == "/opt/elsewhere"
     body = {"a": [str(cache / "m"), 3, {"b": str(ROOT / "x")}], "n": None}
     out = results.dump_json(tmp_path / "sub" / "r.json", body)

@@ -55,6 +55,7 @@ __all__ = [
     "pick_decode_prompts",
     "pick_prefill_prompts",
     "run_validation",
+    "server_spec",
     "simulate_level",
 ]
 
@@ -313,6 +314,33 @@ def run_validation(
                 f"{st['arrivals']} arrivals held the others up {st['arrival_stall_total_s']:.1f} s"
             )
     return profile, table, points
+
+
+def server_spec(model_path: Path, drafter: Path, k: int, threads: int, workdir: Path) -> Any:
+    """The ``CpuEngineSpec`` of the validated server: DSPARK_MOE with ``drafter``, our
+    static-``k`` policy (a ``scheduler.yaml`` written into ``workdir``), radix cache off."""
+    from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.sglang_integration.engine import CpuEngineSpec
+    from dspark_sglang.sglang_integration.launch import drafter_block_size, scheduler_env
+
+    cfg = workdir / "scheduler.yaml"
+    SchedulerConfig(
+        block_size=drafter_block_size(drafter),
+        policy="static",
+        static_k=k,
+        sla_name="sim-validation",
+    ).save(cfg)
+    return CpuEngineSpec(
+        model_path=str(model_path),
+        overrides={
+            "speculative_algorithm": "DSPARK_MOE",
+            "speculative_draft_model_path": str(drafter),
+            "disable_radix_cache": True,
+            "log_level": "error",
+        },
+        env=scheduler_env(cfg),
+        omp_threads=threads,
+    )
 
 
 def write_report(

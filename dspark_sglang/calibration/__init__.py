@@ -2,8 +2,8 @@
 
 ``sts`` fits/applies temperatures and writes SGLang's STS JSON, ``rollouts``
 reads calibration data (ours and SGLang recorder shards), ``plots`` draws
-reliability diagrams (imports matplotlib, so it is not re-exported here) and
-``cli`` is the ``calibrate`` subcommand.
+reliability diagrams (imports matplotlib, so it is not re-exported here); the
+``calibrate`` command is ``cli/calibrate.py``.
 """
 
 from dspark_sglang.calibration.rollouts import Rollouts, load_rollouts, save_rollouts

@@ -1,9 +1,10 @@
-"""Serving simulator and SLA planner (issue 7).
+"""Serving simulator and SLA planner.
 
 ``traces`` (acceptance traces), ``workload`` (request lengths), ``simulator`` (step-level
 serving simulation running the real scheduling policies), ``frontier`` (policy sweeps,
 SLA-anchor table, budget curve, plots), ``planner`` (per-SLA Helm values), ``live``
-(hook for validating against a live SGLang server), ``cli`` (``simulate``/``plan``).
+(hook for validating against a live SGLang server), ``inputs`` (what ``simulate`` and
+``plan`` read).
 Modules are imported explicitly; nothing is re-exported here so importing one does not
 pull in matplotlib or the policies.
 """

@@ -31,6 +31,7 @@ from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.scheduling.cost_table import CostModel
 from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
 
@@ -71,7 +72,7 @@ class PolicySpec:
             raise ValueError(f"policy {self.name!r} takes no option (got :{self.option})")
         if self.name == "lagged" and self.option is not None and self.option < 1:
             raise ValueError("lagged:<lag> needs lag >= 1 (lag 0 would anticipate)")
-        if self.name not in ("prefix", "lagged", "static", "mtp1", "verify_all", "none"):
+        if self.name not in POLICIES:
             raise ValueError(f"unknown policy {self.name!r}")
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Validating the simulator against a live SGLang server (issue 7, Must-show 2).
+"""Validating the simulator against a live SGLang server.
 
 Why: the planner sizes deployments from simulated throughput and per-user speed; a
 simulator that is not checked against a real server could be confidently wrong.

@@ -3,5 +3,6 @@
 Modules: ``backend`` (what is timed), ``measure`` (grid, repeats, refinement),
 ``stairs`` (cliff detector), ``artifacts`` (node/group profiles, merge, file
 layout), ``plot``, ``hardware`` (fingerprints), ``job`` (one node's job),
-``fleet`` (Ray driver), ``configmap`` (Kubernetes), ``cli`` (``dspark-sglang profile``).
+``fleet`` (Ray driver), ``configmap`` (Kubernetes), ``rerender``; the ``profile`` command
+is ``cli/profile.py``.
 """

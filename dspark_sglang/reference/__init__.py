@@ -1,1 +1,1 @@
-"""Pure-PyTorch reference speculative generator (the CPU oracle) and its CLI."""
+"""Pure-PyTorch reference speculative generator (the CPU oracle); ``demo`` drives it by hand."""

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark_sglang.scheduling.cost_table import CostModel
+from dspark_sglang.scheduling.config import POLICIES, SchedulerConfig
+from dspark_sglang.scheduling.cost_table import CostModel, load_cost_table
 
 __all__ = [
     "POLICY_NAMES",
@@ -54,6 +55,7 @@ __all__ = [
     "StaticK",
     "VerifyAll",
     "build_policy",
+    "policy_from_config",
     "survival",
 ]
 
@@ -388,7 +390,7 @@ class NoSpeculation(SchedulingPolicy):
         return torch.zeros(n, dtype=torch.int64)
 
 
-POLICY_NAMES: tuple[str, ...] = ("prefix", "lagged", "static", "mtp1", "verify_all", "none")
+POLICY_NAMES: tuple[str, ...] = POLICIES
 """Names ``build_policy`` accepts (the biased ``AnticipatingGlobalSearch`` is not one)."""
 
 
@@ -411,3 +413,20 @@ def build_policy(name: str, cost_model: CostModel | None = None, **kw: Any) -> S
             raise ValueError(f"policy {name!r} takes no options, got {sorted(kw)}")
         return {"mtp1": lambda: StaticK(1), "verify_all": VerifyAll, "none": NoSpeculation}[name]()
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {list(POLICY_NAMES)}")
+
+
+def policy_from_config(cfg: SchedulerConfig) -> SchedulingPolicy:
+    """The policy a scheduler config selects (its cost table loaded from its path).
+
+    The one translation from ``SchedulerConfig`` to a policy: the SGLang plugin, the
+    chart's contract tests and every launcher that writes a config use it.
+    """
+    cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
+    kw: dict[str, Any] = {}
+    if cfg.policy == "static":
+        kw["k"] = cfg.static_k
+    elif cfg.policy in ("prefix", "lagged"):
+        kw["max_verify_tokens"] = cfg.max_verify_tokens
+        if cfg.policy == "lagged":
+            kw["lag"] = cfg.lag_steps
+    return build_policy(cfg.policy, cost, **kw)

@@ -2,9 +2,8 @@
 
 Every bridge is registered through SGLang's ``HookRegistry`` (no SGLang file
 is edited) and only when SGLang runs its CPU engine, so GPU deployments see
-SGLang unchanged. Each one closes one gap recorded in PLATFORM.md and
-``docs/sglang_integration.md``; the hook functions are module-level so tests
-can call them directly.
+SGLang unchanged. Each one closes one gap recorded in ``docs/sglang_integration.md``
+("CPU bridges"); the hook functions are module-level so tests can call them directly.
 
 1. ``has_amx`` platform fact: SGLang rewrites ``attention_backend="intel_amx"``
    to ``torch_native`` unless ``get_platform().has_amx``; that probe looks for the

@@ -282,7 +282,7 @@ def plan_demo(
     args: argparse.Namespace, model_path: Path, default_dir: Path, workdir: Path, console: Any
 ) -> DemoPlan:
     """Validate everything and write the files both engine runs need (no engine started)."""
-    from dspark_sglang.reference.cli import demo_chats
+    from dspark_sglang.data.demo_prompts import demo_chats
 
     drafter_dir, trained = resolve_drafter(
         model_path, args.drafter, default_dir, args.seed, workdir, console

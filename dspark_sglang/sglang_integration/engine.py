@@ -21,7 +21,8 @@ import psutil
 
 logger = logging.getLogger(__name__)
 
-#: Server-argument defaults for SGLang's CPU engine (PLATFORM.md, "SGLang without a GPU").
+#: Server-argument defaults for SGLang's CPU engine (docs/sglang_integration.md,
+#: "Running the engine on CPU").
 CPU_ENGINE_DEFAULTS: Mapping[str, Any] = {
     "device": "cpu",
     "attention_backend": "intel_amx",

@@ -37,8 +37,7 @@ from typing import Any
 import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import load_cost_table
-from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
+from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.sglang_integration import metrics
 from dspark_sglang.sglang_integration.launch import CONFIG_ENV, RAGGED_MODE_ENV, check_config
 
@@ -52,19 +51,6 @@ PLANNER_METHOD = (
     "sglang.srt.speculative.dspark_components.dspark_planner."
     "DSparkVerifyPlanner._schedule_verify_lens"
 )
-
-
-def policy_from_config(cfg: SchedulerConfig) -> SchedulingPolicy:
-    """Build the policy a config selects (cost table loaded from its path if needed)."""
-    cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
-    kw: dict[str, Any] = {}
-    if cfg.policy == "static":
-        kw["k"] = cfg.static_k
-    elif cfg.policy in ("prefix", "lagged"):
-        kw["max_verify_tokens"] = cfg.max_verify_tokens
-        if cfg.policy == "lagged":
-            kw["lag"] = cfg.lag_steps
-    return build_policy(cfg.policy, cost, **kw)
 
 
 @dataclass

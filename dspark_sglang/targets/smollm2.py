@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,9 @@ CONVERSION_RECIPE = 1  # bump when the conversion below changes; forces a re-con
 RECORD_FILENAME = "dspark_conversion.json"
 CHECK_PROMPT = "The capital of France is"
 CHECK_NEW_TOKENS = 8
+DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2"
+"""The trained DSpark drafter for SmolLM2 that ships inside the package (config, weights,
+``sts.json``); the demo and the sim-validation benchmark use it unless told otherwise."""
 
 
 def cache_root() -> Path:
@@ -180,3 +184,17 @@ def ensure_smollm2(cache_dir: Path | str | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def ensure_smollm2_with_status(console: Any) -> Path:
+    """``ensure_smollm2``, showing the one-off conversion (~40 s) on a rich ``console``.
+
+    Nothing is downloaded here: without the GGUF this raises ``gguf_path``'s
+    ``FileNotFoundError``, which names the command that fetches it.
+    """
+    dst = converted_dir()
+    if is_converted(dst):
+        return dst
+    gguf_path()  # a missing GGUF is a clear error, before any spinner
+    with console.status("converting SmolLM2-135M-Instruct GGUF -> float32 HF folder (once, ~40 s)"):
+        return ensure_smollm2()

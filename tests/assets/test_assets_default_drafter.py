@@ -1,4 +1,4 @@
-"""The embedded default drafter (issue 3 Must-show 4): small enough to commit, loadable,
+"""The embedded default drafter: small enough to commit, loadable,
 and calibrated for its own block size."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from safetensors import safe_open
 from dspark_sglang.calibration.sts import load_sts
 from dspark_sglang.model.checkpoint import CONFIG_FILE
 from dspark_sglang.model.config import DSparkConfig
-from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR
+from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
-MAX_BYTES = 30_000_000  # the issue's 30 MB, read strictly (decimal megabytes)
+MAX_BYTES = 30_000_000  # the 30 MB commit budget, read strictly (decimal megabytes)
 
 
 def test_default_drafter_fits_the_commit_budget_in_bfloat16() -> None:

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from dspark_sglang.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from dspark_sglang.model.config import DSparkConfig, hf_torch_dtype
-from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR
+from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
 _CODES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 

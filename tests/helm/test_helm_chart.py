@@ -452,7 +452,7 @@ def mounted_cost_tables(docs: list[Manifest]) -> dict[str, str]:
 
 
 def test_tp4_and_tp8_tiers_on_one_hardware_group_mount_their_own_tables() -> None:
-    """The issue: a per-hardware name made the TP-4 and TP-8 tables overwrite each other."""
+    """A per-hardware name used to make the TP-4 and TP-8 tables overwrite each other."""
     mounted = mounted_cost_tables(render(CHART / "examples" / "large-model-35-50.yaml"))
     assert mounted == {
         "premium": "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
@@ -472,7 +472,7 @@ def test_profiling_rayjob_publishes_the_name_the_tiers_mount(
     """Parse the chart's RayJob entrypoint with the real CLI and name its output like the
     profiler does: a tier with hardwareGroup and tp = tpSize must mount exactly that."""
     from dspark_sglang.cli import build_parser
-    from dspark_sglang.profiling.cli import job_from_args
+    from dspark_sglang.cli.profile import job_from_args
     from dspark_sglang.profiling.configmap import configmap_name
 
     example = CHART / "examples" / "jobs-profile-calibrate.yaml"

@@ -149,12 +149,11 @@ def runbook_invocations() -> list[tuple[str, list[str]]]:
 
 
 def test_runbook_and_chart_commands_parse_with_the_real_cli() -> None:
-    from dspark_sglang.cli import build_parser
-    from dspark_sglang.commands import registry
+    from dspark_sglang.cli import build_parser, commands
 
     documented = {"profile", "calibrate", "plan", "bench"}  # each appears in a runbook/the chart
     allowed = documented | {"demo", "simulate"}
-    registered = set(registry())
+    registered = set(commands())
     assert allowed <= registered, f"runbooks name unknown commands: {allowed - registered}"
     parser = build_parser()
     calls: list[tuple[str, list[str]]] = runbook_invocations()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from synthetic_inputs import staircase
 
 from dspark_sglang.planning.traces import (
     AcceptanceTraces,
@@ -14,18 +15,6 @@ from dspark_sglang.planning.workload import LengthDistribution, default_lengths
 from dspark_sglang.scheduling.cost_table import SpsCostTable
 
 torch.set_num_threads(1)
-
-
-def staircase(
-    tile: int = 32, top: float = 100.0, drop: float = 0.93, max_tokens: int = 1024
-) -> SpsCostTable:
-    """GPU-like staircase: flat inside ``tile``-token tiles, ``drop`` slower per tile."""
-    probes = tuple(range(1, max_tokens + 1, tile))
-    return SpsCostTable(
-        sample_batch_tokens=probes,
-        sample_steps_per_sec=tuple(top * drop**i for i in range(len(probes))),
-        max_batch_tokens=max_tokens,
-    )
 
 
 @pytest.fixture(scope="session")

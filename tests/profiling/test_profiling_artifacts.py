@@ -154,7 +154,7 @@ def test_configmap_name_is_hardware_plus_the_table_file_stem(tmp_path: Path) -> 
 
 
 def test_tp4_and_tp8_of_one_hardware_group_get_distinct_configmaps(tmp_path: Path) -> None:
-    """The issue: both used to publish dspark-cost-table-<hardware> and overwrite each other."""
+    """Both used to publish dspark-cost-table-<hardware>, so one overwrote the other."""
     manifests = {}
     for tp in (4, 8):
         g = merge_profiles([_node("a", tp=tp, model="qwen3-235b-a22b")])

@@ -1,4 +1,4 @@
-"""The committed CPU profile of SmolLM2-135M (issue 5, Must-show 4) is complete and loadable."""
+"""The committed CPU profile of SmolLM2-135M is complete and loadable."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from dspark_sglang.cli import build_parser
-from dspark_sglang.profiling.cli import job_from_args
+from dspark_sglang.cli.profile import job_from_args
 
 RAYJOB = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "rayjob.yaml"
 

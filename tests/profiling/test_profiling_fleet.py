@@ -1,4 +1,5 @@
-"""Ray fleet driver end to end (issue 5, Must-show 1 and 2) plus its input checks.
+"""Ray fleet driver end to end (profile every node, survive a killed actor, resume
+idempotently) plus its input checks.
 
 The Ray part runs ``fleet_scenario.py`` as a subprocess inside a loopback-only
 network namespace (``unshare --net`` + ``ip link set lo up``) with

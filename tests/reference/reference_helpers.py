@@ -6,7 +6,8 @@
   sampler and the confidence head are the real ones) and then overwrites the
   drafts with the target's own greedy continuation, the first ``k`` right and
   the rest deliberately wrong. It is what makes acceptance, partial acceptance
-  and ragged verify lengths testable with an untrained drafter (PLATFORM.md);
+  and ragged verify lengths testable with an untrained drafter (whose random
+  drafts are never accepted);
 * a cycling policy giving ragged verify lengths that vary per request and round.
 """
 

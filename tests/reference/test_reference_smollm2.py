@@ -1,10 +1,10 @@
 """Reference generator on the real SmolLM2-135M-Instruct target (slow).
 
-Must-show #3 (issue 2): greedy speculative decoding with an untrained drafter is
-token-identical to the target's own greedy decoding on 8 GSM8K prompts x 64
-tokens. Plus the oracle drafter on the real model (acceptance, partial
-acceptance, ragged verify lengths), and plain decoding == transformers'
-``generate`` so "the target's own greedy decoding" is anchored to HF itself.
+Greedy speculative decoding with an untrained drafter is token-identical to the
+target's own greedy decoding on 8 GSM8K prompts x 64 tokens. Plus the oracle drafter
+on the real model (acceptance, partial acceptance, ragged verify lengths), and plain
+decoding == transformers' ``generate`` so "the target's own greedy decoding" is
+anchored to HF itself.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_plain_greedy_equals_transformers_generate(
     assert out[0, len(prompts[0]) :].tolist() == plain[0][:24]
 
 
-def test_must_show_3_greedy_speculative_is_token_identical(
+def test_greedy_speculative_is_token_identical(
     target: HFTarget, prompts: list[list[int]], plain: list[list[int]], drafter: DSparkDrafter
 ) -> None:
     assert drafter.config.block_size == 7

@@ -1,4 +1,4 @@
-"""DSPARK Must-show #1 and #2: scheduled verification keeps the target's distribution.
+"""Scheduled verification keeps the target's distribution, under every policy.
 
 A toy Markov "language model" over a small vocabulary: the target draws the next
 token from ``T[prev]``, the drafter from a different ``Q[prev]`` (sequentially, so

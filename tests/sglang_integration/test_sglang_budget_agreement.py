@@ -1,4 +1,4 @@
-"""Must-show #5: our lagged budget equals SGLang's ``compute_verify_token_budget``.
+"""Our lagged budget equals SGLang's ``compute_verify_token_budget``.
 
 Where the semantics coincide: both take survival values ``A [N', B]`` of a past
 step, sort them descending, and pick the first global argmax over the cost

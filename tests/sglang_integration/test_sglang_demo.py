@@ -1,7 +1,7 @@
 """The SGLang demo's pieces that need no engine: figure aggregation and the --policy route.
 
 The demo end to end (two CPU engines) is tested through the CLI in
-``tests/reference/test_reference_cli.py``.
+``tests/cli/test_cli_demo.py``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.scheduling.policies import policy_from_config
 from dspark_sglang.sglang_integration import metrics, scheduler_bridge
 
 
@@ -44,7 +45,7 @@ def test_observe_round_and_decision_export_the_contracted_names() -> None:
 def test_decider_adds_the_anchor_and_logs(tmp_path: Path) -> None:
     cfg = SchedulerConfig(block_size=4, policy="static", static_k=2)
     log = tmp_path / "d.jsonl"
-    d = scheduler_bridge.VerifyDecider(cfg, scheduler_bridge.policy_from_config(cfg), log)
+    d = scheduler_bridge.VerifyDecider(cfg, policy_from_config(cfg), log)
     lens = d.verify_lens(torch.full((3, 4), 0.5), torch.device("cpu"))
     assert lens.tolist() == [3, 3, 3] and lens.dtype == torch.int32
     assert '"verify_lens": [3, 3, 3]' in log.read_text()

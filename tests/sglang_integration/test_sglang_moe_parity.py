@@ -1,4 +1,4 @@
-"""Must-show 1: SGLang engine + our MoE drafter vs the target and the reference generator.
+"""SGLang engine + our MoE drafter vs the target and the reference generator.
 
 One DSPARK_MOE engine on CPU loads a checkpoint written by ``save_drafter``
 (our ``DSparkMoEDraftModel`` through the plugin; 2 MoE layers, window 16 so

@@ -1,4 +1,4 @@
-"""Issue 4: DSPARK_MOE with a Qwen3-architecture target, through SGLang's real Engine on CPU.
+"""DSPARK_MOE with a Qwen3-architecture target, through SGLang's real Engine on CPU.
 
 Why: the MoE drafter must work "for any target whose hidden states SGLang can
 capture (SmolLM2/Llama and Qwen3 families at least)", and every other engine

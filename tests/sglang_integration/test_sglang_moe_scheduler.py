@@ -1,4 +1,5 @@
-"""Issue 4 items 1, 3, 4 (Must-show #4) with one DSPARK_MOE engine on CPU.
+"""Our policy deciding SGLang's verify lengths, drafter-fault fallback and our metrics,
+with one DSPARK_MOE engine on CPU.
 
 The engine: DSPARK_MOE with SGLang's dense draft (random weights), ragged
 verify in ``cap-accept`` mode (per-request verify lengths; the confidence head

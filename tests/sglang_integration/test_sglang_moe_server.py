@@ -1,4 +1,4 @@
-"""Must-show #3: SGLang's HTTP server with our plugin (DSPARK_MOE) on 127.0.0.1.
+"""SGLang's HTTP server with our plugin (DSPARK_MOE) on 127.0.0.1.
 
 One server per module (``python -m sglang.launch_server``, random free port,
 stopped by PID with all its children). Greedy, EOS-ignoring requests must

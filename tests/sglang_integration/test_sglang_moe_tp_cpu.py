@@ -1,4 +1,4 @@
-"""Issue 4, Must-show 2: DSPARK_MOE with the target sharded ``tp_size=2`` on CPU.
+"""DSPARK_MOE with the target sharded ``tp_size=2`` on CPU.
 
 Why: plain decoding with ``tp_size=2`` is covered by ``test_sglang_tp_cpu.py``;
 speculative decoding adds the drafter worker, the verify forward and the

@@ -302,7 +302,7 @@ def test_scale_pair_shares_data_and_schedule(scale: str, previous: str | None) -
 
 
 def test_x5_ar_baseline_shares_the_pairs_data_and_precision() -> None:
-    """Issue 3 compares the three drafters on the same data: the x5 EAGLE3 run reads the
+    """The three drafters are compared on the same data: the x5 EAGLE3 run reads the
     pair's data dir with the pair's settings and trains at the pair's precision."""
     pair = load_config(REPO / "configs/scale/dspark_smollm2_1layer_r96_x5.yaml")
     ar = load_config(REPO / "configs/scale/eagle3_smollm2_x5.yaml")

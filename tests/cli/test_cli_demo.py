@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from dspark_sglang.cli import build_parser, main
-from dspark_sglang.reference.cli import DEFAULT_DRAFTER_DIR
+from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
 _TRAINED = (DEFAULT_DRAFTER_DIR / "config.json").is_file()
 
@@ -95,12 +95,12 @@ def test_sglang_demo_rejects_a_drafter_for_another_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A checkpoint whose config does not fit SmolLM2 fails here, not in SGLang's scheduler."""
-    from dspark_sglang.reference.cli import ensure_target_path
     from dspark_sglang.sglang_integration.demo import resolve_drafter
+    from dspark_sglang.targets.smollm2 import ensure_smollm2_with_status
 
     quiet = Console(quiet=True)
     good, trained = resolve_drafter(
-        ensure_target_path(quiet), None, tmp_path / "none", 0, tmp_path, quiet
+        ensure_smollm2_with_status(quiet), None, tmp_path / "none", 0, tmp_path, quiet
     )
     assert not trained and (good / "model.safetensors").is_file()
     cfg = json.loads((good / "config.json").read_text())

@@ -1,4 +1,10 @@
-"""``dspark-sglang profile``: measure SPS staircases locally or across a Ray fleet."""
+"""``dspark-sglang profile``: measure SPS staircases locally or across a Ray fleet.
+
+Times engine steps at a grid of forward batch sizes (``profiling/measure.py``) and
+writes SGLang cost tables, their ConfigMaps and plots: for this node, or for every
+node of a Ray cluster with ``--ray-address`` (``profiling/fleet.py``). ``--rerender``
+rebuilds the files of an existing profile without measuring.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-from dspark_sglang.cli import Command
+from dspark_sglang.cli.base import Command
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -20,7 +26,7 @@ def _int_list(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to measure")
     g.add_argument("--model", default="smollm2", help="'smollm2' or a HF model folder")
     g.add_argument("--model-slug", default=None, help="name used in file names (default: derived)")
@@ -91,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def job_from_args(args: argparse.Namespace):  # -> ProfileJob
+    """The ``ProfileJob`` the flags describe; a ValueError names a bad combination."""
     from dspark_sglang.profiling.job import ProfileJob
     from dspark_sglang.profiling.measure import GridSpec, MeasureConfig
 
@@ -124,7 +131,7 @@ def job_from_args(args: argparse.Namespace):  # -> ProfileJob
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.profiling.fleet import FleetConfig, _write_groups
 
     if args.rerender is not None:
@@ -197,11 +204,13 @@ def _run_fleet(args: argparse.Namespace, cfg) -> int:  # cfg: FleetConfig
     return 0 if result.groups else 1
 
 
-COMMANDS: dict[str, Command] = {
-    "profile": (
+COMMAND = Command(
+    name="profile",
+    help="Measure SPS staircases into SGLang cost tables",
+    description=(
         "Measure engine steps/s vs forward batch tokens (SPS staircase) into SGLang cost "
-        "tables, locally or on every node of a Ray cluster (--ray-address).",
-        add_arguments,
-        run,
-    )
-}
+        "tables, locally or on every node of a Ray cluster (--ray-address)."
+    ),
+    add_arguments=_add_arguments,
+    run=_run,
+)

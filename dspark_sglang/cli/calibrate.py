@@ -1,8 +1,9 @@
-"""``dspark-sglang calibrate``: fit STS temperatures from held-out rollouts.
+"""``dspark-sglang calibrate``: fit STS temperatures from recorded rollouts.
 
 Writes the SGLang-compatible STS JSON (``--speculative-dspark-confidence-sts-path``),
-prints the per-position ECE/AUC table and optionally a reliability diagram, so
-one command turns recorded rounds into a deployable calibration.
+prints the per-position ECE/AUC table (on ``--eval-rollouts`` too, when given) and
+optionally a report JSON and a reliability diagram, so one command turns recorded
+rounds into a deployable calibration (``calibration/sts.py`` does the fitting).
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from dspark_sglang.cli import Command
-from dspark_sglang.results import dump_json, portable_path
-
-__all__ = ["COMMANDS"]
+from dspark_sglang.cli.base import Command
 
 MAX_GRID_STEPS = 10_000  # a 0.06 % step over the default 0.05..20; the fit is linear in it
 
@@ -91,6 +89,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.calibration.rollouts import load_rollouts
     from dspark_sglang.calibration.sts import default_grid, evaluate_sts, fit_sts
+    from dspark_sglang.results import dump_json, portable_path
 
     if args.grid_min >= args.grid_max:
         print(
@@ -173,11 +172,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Command] = {
-    "calibrate": (
+COMMAND = Command(
+    name="calibrate",
+    help="Fit STS confidence temperatures from rollouts",
+    description=(
         "Fit Sequential Temperature Scaling of the confidence head from rollouts "
-        "and write SGLang's STS JSON.",
-        _add_arguments,
-        _run,
-    )
-}
+        "and write SGLang's STS JSON."
+    ),
+    add_arguments=_add_arguments,
+    run=_run,
+)

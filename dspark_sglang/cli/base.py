@@ -1,0 +1,161 @@
+"""What every ``dspark-sglang`` subcommand module provides, and the flags several share.
+
+A subcommand module ``cli/<name>.py`` defines ``COMMAND``: its name, a one-line
+help for ``dspark-sglang --help``, the function that adds its flags and the one that
+runs it (an exit code: 0 ok, 2 unusable input). Modules import their domain code
+inside ``run`` so ``--help`` stays fast and a missing optional dependency breaks only
+the subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspark_sglang.scheduling.config import POLICIES
+
+__all__ = [
+    "Command",
+    "CommandListFormatter",
+    "RawDefaultsHelpFormatter",
+    "UsageError",
+    "add_command",
+    "add_decoding_arguments",
+    "add_planning_arguments",
+    "csv_numbers",
+    "decoding_options",
+]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand (or one benchmark of the ``bench`` group)."""
+
+    name: str
+    #: One line: the command's row in its parent's ``--help``.
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    #: The text atop ``dspark-sglang <name> --help`` (default: ``help``).
+    description: str | None = None
+    epilog: str | None = None
+    formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter
+
+
+def add_command(sub: Any, command: Command, run_key: str = "_run") -> argparse.ArgumentParser:
+    """Add ``command`` to the subparsers ``sub``; ``args.<run_key>`` becomes its ``run``."""
+    p = sub.add_parser(
+        command.name,
+        help=command.help,
+        description=command.description or command.help,
+        epilog=command.epilog,
+        formatter_class=command.formatter_class,
+    )
+    command.add_arguments(p)
+    p.set_defaults(**{run_key: command.run})
+    return p
+
+
+class CommandListFormatter(argparse.HelpFormatter):
+    """Keeps every subcommand's help on its own row of the list.
+
+    argparse sizes the help column without the rows' extra indent, so a long name
+    (``export-drafter``) would push its help onto the next line.
+    """
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        subactions = getattr(action, "_get_subactions", list)()
+        if action.help is not argparse.SUPPRESS and subactions:
+            longest = max(len(self._format_action_invocation(a)) for a in subactions)
+            indent = self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, longest + indent)
+
+
+class RawDefaultsHelpFormatter(
+    argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter
+):
+    """Keep a hand-wrapped description/epilog and show every default."""
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message names the flag and the fix."""
+
+
+def csv_numbers(text: str, kind: type) -> list:  # type: ignore[type-arg]
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (``kind`` converts each); a ValueError names the text."""
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+# --------------------------------------------------------------------------- demo, generate
+
+
+def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    """Drafter, policy and sampling flags of ``demo`` and ``generate``."""
+    p.add_argument("--drafter", type=Path, default=None, help="drafter checkpoint folder")
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=None,
+        help="scheduling policy (reference default: verify_all; SGLang engine default: "
+        "SGLang's own decision)",
+    )
+    p.add_argument("--static-k", type=int, default=3, help="drafts verified by --policy static")
+    p.add_argument("--cost-table", type=Path, default=None, help="SPS cost table JSON")
+    p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--seed", type=int, default=0, help="sampling and untrained-drafter seed")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads: torch threads of the reference (default 2), OpenMP threads per "
+        "SGLang scheduler process (default 1: faster on a shared 2-core machine)",
+    )
+
+
+def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``add_decoding_arguments`` flags as ``reference.demo.build_generator`` keywords."""
+    keys = ("drafter", "policy", "static_k", "cost_table", "sts", "temperature", "top_k", "top_p")
+    return {k: getattr(args, k) for k in (*keys, "seed", "threads")}
+
+
+# --------------------------------------------------------------------------- simulate, plan
+
+
+def add_planning_arguments(p: argparse.ArgumentParser) -> None:
+    """The inputs ``simulate`` and ``plan`` read (``planning.inputs.load_inputs``)."""
+    p.add_argument(
+        "--profile", required=True, type=Path, help="SGLang SPS cost-table JSON (the profiler's)"
+    )
+    p.add_argument(
+        "--traces",
+        required=True,
+        nargs="+",
+        help="acceptance trace files (.jsonl/.pt, see planning/traces.py; several are joined, "
+        "e.g. the per-domain files `bench acceptance --traces-dir` writes), or "
+        "'synthetic[:B]' for a built-in synthetic set (high acceptance, block B, default 7)",
+    )
+    p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON (default: T=1)")
+    p.add_argument(
+        "--lengths",
+        type=Path,
+        default=None,
+        help="request lengths .jsonl ({prompt_tokens, output_tokens}); default GSM8K chars/4",
+    )
+    p.add_argument(
+        "--prefill",
+        choices=("separate", "mixed", "none"),
+        default="separate",
+        help="prefill model (default separate: prefill-only steps, SGLang's default)",
+    )
+    p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,72 @@
+"""``dspark-sglang export-drafter``: a trained run becomes a shippable drafter folder.
+
+Checks the drafter against its target, stores it at ``--dtype`` (bfloat16 by
+default) and ships a validated STS file beside it (``training/export.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dspark_sglang.cli.base import Command
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        type=Path,
+        help="a DSpark/DFlash checkpoint: a training run's out_dir (latest step), a "
+        "step-NNNNNN folder or its drafter/ folder",
+    )
+    p.add_argument("--to", required=True, type=Path, help="folder to write (config + weights)")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="stored precision of the weights (default bfloat16: half the size; loading "
+        "casts back to float32)",
+    )
+    p.add_argument(
+        "--sts",
+        type=Path,
+        default=None,
+        help="STS calibration JSON to ship beside the weights as sts.json (validated)",
+    )
+    p.add_argument(
+        "--target",
+        default="smollm2",
+        help="target the drafter belongs to: 'smollm2' or an HF model folder (default smollm2)",
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dspark_sglang.training.export import export_drafter
+
+    try:
+        res = export_drafter(
+            args.source, args.to, dtype=args.dtype, sts=args.sts, target=args.target
+        )
+    except (ValueError, FileNotFoundError) as exc:  # CheckpointError is a ValueError
+        print(f"export-drafter: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"exported {res.kind} drafter {res.source} -> {res.dest} ({res.size_bytes / 2**20:.1f} MiB)"
+        + (f"; kept {', '.join(res.kept)}" if res.kept else "")
+    )
+    return 0
+
+
+COMMAND = Command(
+    name="export-drafter",
+    help="Ship a trained drafter: checked, bfloat16, with STS",
+    description=(
+        "Ship a trained DSpark drafter: check it against its target, store it in bfloat16, "
+        "add its STS file."
+    ),
+    add_arguments=_add_arguments,
+    run=_run,
+)

@@ -1,0 +1,82 @@
+"""Ship a trained drafter: a checked copy for ``--speculative-draft-model-path``.
+
+``export_drafter`` loads the checkpoint against its target (so any mismatch is
+refused here, not in SGLang's scheduler), re-saves config and weights at the chosen
+dtype and ships a validated STS file beside them as ``sts.json``. It replaces
+only the files an export writes (a stale ``sts.json`` belongs to the old drafter)
+and keeps anything else in the folder, e.g. the README of a shipped drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["EXPORTED_FILES", "ExportResult", "export_drafter"]
+
+EXPORTED_FILES = ("config.json", "model.safetensors", "sts.json")
+"""The files an export owns in its destination folder."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    kind: str
+    source: Path
+    dest: Path
+    size_bytes: int
+    #: Files in ``dest`` the export did not write (and left alone).
+    kept: tuple[str, ...]
+
+
+def export_drafter(
+    source: Path, dest: Path, *, dtype: str, sts: Path | None, target: str
+) -> ExportResult:
+    """Export the DSpark/DFlash drafter at ``source`` to ``dest`` (see the module doc).
+
+    ``source`` is anything ``resolve_checkpoint`` accepts; ``target`` is ``smollm2``
+    or an HF model folder; ``dtype`` a torch dtype name. Raises ``ValueError``
+    (``CheckpointError`` included) or ``FileNotFoundError`` naming the flag and
+    the fix, before anything is written.
+    """
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dspark_sglang.calibration.sts import load_sts
+    from dspark_sglang.model.checkpoint import load_drafter, save_drafter
+    from dspark_sglang.model.config import TargetSpec
+    from dspark_sglang.targets.hf_target import target_name_of
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+    from dspark_sglang.training.discovery import resolve_checkpoint
+
+    ckpt = resolve_checkpoint("--from", source)
+    if ckpt.kind == "ar":
+        raise ValueError(
+            f"--from {source}: an EAGLE3-style AR drafter; export ships DSpark/DFlash "
+            "drafters (the SGLang DSPARK_MOE model class)"
+        )
+    cal = load_sts(sts) if sts is not None else None
+    if cal is not None and cal.block_size != ckpt.block_size:
+        raise ValueError(
+            f"--sts has {cal.block_size} temperatures but the drafter's block size is "
+            f"{ckpt.block_size}; fit STS on this drafter's rollouts"
+        )
+    path = ensure_smollm2() if target == "smollm2" else Path(target)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    spec = TargetSpec.from_hf_config(model.config, name=target_name_of(path))
+    drafter = load_drafter(
+        ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
+    )
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"--to {dest} is a file; give a folder")
+    for name in EXPORTED_FILES:
+        (dest / name).unlink(missing_ok=True)
+    save_drafter(drafter, dest, dtype=getattr(torch, dtype))
+    if sts is not None:
+        shutil.copyfile(sts, dest / "sts.json")
+    size = sum(dest.joinpath(n).stat().st_size for n in EXPORTED_FILES if (dest / n).is_file())
+    kept = tuple(sorted(p.name for p in dest.iterdir() if p.name not in EXPORTED_FILES))
+    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept)
