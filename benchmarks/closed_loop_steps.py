@@ -20,7 +20,9 @@ arrival (from its submission to its first chunk), and prices each arrival by how
 longer the running requests' overlapping span took than their own quiet step.
 
 Usage: ``python benchmarks/closed_loop_steps.py`` (about 10 minutes on 2 cores; run it
-with nothing else running). Writes ``benchmarks/results/closed_loop_steps.json``.
+with nothing else running). Writes ``closed_loop_steps.json`` to a fresh run folder,
+``<cache>/runs/bench/closed_loop_steps-<UTC time>/``, or to ``--out FILE`` (the committed
+result: ``--out benchmarks/results/closed_loop_steps.json``).
 """
 
 from __future__ import annotations
@@ -48,13 +50,12 @@ from dspark_sglang.planning.live import (
     profile_server,
     stream_generate,
 )
-from dspark_sglang.results import dump_json
+from dspark_sglang.results import default_out, dump_json
 from dspark_sglang.sglang_integration.server import cpu_server
 from dspark_sglang.targets.hf_target import HFTarget
 from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR, ensure_smollm2_with_status
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "closed_loop_steps.json"
 
 
 def analyse(run: LoadRun, steps: LoadSteps, bin_s: float) -> dict[str, Any]:
@@ -84,7 +85,13 @@ def main() -> int:
     ap.add_argument("--probes-after", type=int, default=6)
     ap.add_argument("--static-k", type=int, default=2)
     ap.add_argument("--bin-seconds", type=float, default=30.0)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: closed_loop_steps.json in a fresh run folder, "
+        "<cache>/runs/bench/closed_loop_steps-<UTC time>/)",
+    )
     args = ap.parse_args()
     console = Console()
     c, n_out = args.concurrency, args.output_tokens
@@ -148,7 +155,8 @@ def main() -> int:
         "simulator_prefill_charge_s": charged,
         **res,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out is None:
+        args.out = default_out("closed_loop_steps", "closed_loop_steps.json")
     dump_json(args.out, out, indent=1)
 
     tab = Table(title=f"decode step at c = {c} (s)")

@@ -1,4 +1,4 @@
-"""Throughput-interactivity frontier of every scheduling policy (writes benchmarks/results/).
+"""Throughput-interactivity frontier of every scheduling policy (writes a run folder, or --out).
 
 Why: DSpark's production claim is a frontier, not a single number: at matched throughput
 users get faster tokens than with MTP-1, at an SLA the replica serves more throughput,
@@ -7,21 +7,23 @@ concurrency for none, MTP-1, static k = 2..B, Algorithm 1 (prefix) and the lagge
 production scheduler through the serving simulator (dspark_sglang/planning), on a cost
 table and acceptance traces, and writes:
 
-    benchmarks/results/frontier.json         all runs, Pareto fronts, SLA-anchor tables
-                                             (p50 and p50+p90), matched-throughput
-                                             speed-ups, budget curve, inputs used
-    benchmarks/results/frontier.png          throughput vs per-user p50 speed
-    benchmarks/results/frontier_budget.png   verify tokens per request vs concurrency
+    OUT.json         all runs, Pareto fronts, SLA-anchor tables (p50 and p50+p90),
+                     matched-throughput speed-ups, budget curve, inputs used
+    OUT.png          throughput vs per-user p50 speed
+    OUT_budget.png   verify tokens per request vs concurrency
+
+``OUT.json`` is ``--out`` (default: ``frontier.json`` in a fresh run folder,
+``<cache>/runs/bench/frontier-<UTC time>/``); the PNGs go beside it.
 
 Inputs: ``--profile`` (default: the committed CPU profile
 ``profiles/*/smollm2-135m-instruct-tp1.json`` if present, else a synthetic GPU-like
-staircase built here; ``--synthetic`` forces the synthetic staircase, which is what the
-committed ``frontier.{json,png}`` show) and ``--traces`` (default: synthetic high-acceptance
-traces, a stand-in for a GPU-scale drafter; ``frontier_cpu_smollm2.*`` use the real SmolLM2
-drafter's traces from ``benchmarks/results/traces/``).
+staircase built here; ``--synthetic`` forces the synthetic staircase) and ``--traces``
+(default: synthetic high-acceptance traces, a stand-in for a GPU-scale drafter). The committed
+``benchmarks/results/frontier_cpu_smollm2.*`` use the committed CPU table with the real SmolLM2
+drafter's traces from ``benchmarks/results/traces/``; the command is in benchmarks/README.md.
 
 Usage: ``python benchmarks/frontier.py [--quick] [--profile P | --synthetic] [--traces T]
-[--sla 80,120]``.
+[--sla 80,120] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ from dspark_sglang.planning.traces import (
     synthetic_traces,
 )
 from dspark_sglang.planning.workload import default_lengths
+from dspark_sglang.results import default_out
 from dspark_sglang.scheduling.cost_table import CostTable, SpsCostTable, load_cost_table
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 7
 
 
@@ -96,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=None, help="specs (default: all)")
     ap.add_argument("--quick", action="store_true", help="fewer loads and policies")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS / "frontier.json")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON, PNGs beside it (default: frontier.json in a fresh run folder, "
+        "<cache>/runs/bench/frontier-<UTC time>/)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
         }
     )
+    if args.out is None:
+        args.out = default_out("frontier", "frontier.json")
     doc = write_json(frontier, args.out, slas)
     plot_frontier(frontier, args.out.with_suffix(".png"), slas=slas)
     plot_budget(frontier, args.out.with_name(args.out.stem + "_budget.png"))

@@ -12,7 +12,9 @@ bf16 by default) twice, once without speculation and once with
 * prints tokens/s plain vs DSpark, the speed-up, and SGLang's accepted length
   (tokens per verify round, bonus token included, as SGLang's
   ``spec_accept_length``) plus accepted drafts per round,
-* writes everything to ``benchmarks/results/gpu_check.json``.
+* writes everything to ``--out`` (default: ``gpu_check.json`` in a fresh run folder,
+  ``<cache>/runs/bench/gpu_check-<UTC time>/``; ``scripts/gpu_check.sh`` names
+  ``benchmarks/results/gpu_check.json``).
 
 Exit status: 0 when all outputs matched, 1 when any differed (the table and
 JSON name the first differing position per prompt), 2 on bad arguments.
@@ -43,12 +45,11 @@ import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "gpu_check.json"
 #: The embedded SmolLM2 drafter, when the repository ships one.
 DEFAULT_DRAFTER = REPO / "dspark_sglang" / "assets" / "drafters" / "smollm2"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -71,7 +72,7 @@ class GpuCheckArgs:
     mem_fraction_static: float = 0.6
     ragged_verify_mode: str | None = None
     warmup_tokens: int = 16
-    out: Path = RESULTS
+    out: Path | None = None  # None: a fresh run folder, chosen when the check runs
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -137,7 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="SGLANG_RAGGED_VERIFY_MODE for the DSpark run (default: SGLang's, static)",
     )
     p.add_argument("--warmup-tokens", type=int, default=d.warmup_tokens)
-    p.add_argument("--out", type=Path, default=d.out, help="result JSON path")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=d.out,
+        help="result JSON path (default: gpu_check.json in a fresh run folder, "
+        "<cache>/runs/bench/gpu_check-<UTC time>/)",
+    )
     return p
 
 
@@ -456,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.out is None:
+        from dspark_sglang.results import default_out
+
+        args = replace(args, out=default_out("gpu_check", "gpu_check.json"))
     drafter = resolve_drafter(args.drafter)
     model_path = resolve_model(args.model)
     prompts = load_prompt_ids(model_path, args.num_prompts)

@@ -1,4 +1,4 @@
-"""Scheduler decision time and sequential-head overhead (writes benchmarks/results/).
+"""Scheduler decision time and sequential-head overhead (writes a run folder, or --out).
 
 Why: the scheduler sits on the critical path of every decode step, so its host
 time must stay far below a step (~10 ms on a GPU); and DSpark's claim is that the
@@ -15,7 +15,10 @@ round latency at batch 128). Both are measured here, on one CPU thread.
    is relative to a whole round (target verify included); here the denominator is
    the drafter pass alone, so the percentage is an upper bound of that figure.
 
-Usage: ``python benchmarks/scheduler_bench.py [--quick] [--skip-drafter]``.
+Usage: ``python benchmarks/scheduler_bench.py [--quick] [--skip-drafter] [--out FILE]``.
+Without ``--out`` the JSON goes to a fresh run folder,
+``<cache>/runs/bench/scheduler_bench-<UTC time>/scheduler_bench.json``; the committed result
+is ``--out benchmarks/results/scheduler_bench.json``.
 Timings on shared dev machines are noisy: the JSON records the load average.
 """
 
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dspark_sglang.results import dump_json
+from dspark_sglang.results import default_out, dump_json
 from dspark_sglang.scheduling.cost_table import SpsCostTable
 from dspark_sglang.scheduling.policies import (
     AnticipatingGlobalSearch,
@@ -40,7 +43,6 @@ from dspark_sglang.scheduling.policies import (
     build_policy,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "scheduler_bench.json"
 BLOCK = 7
 REQUEST_COUNTS = (1, 32, 256, 1024)
 DRAFT_BATCH = 128
@@ -197,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafter-vocab", type=int, default=49152, help="SmolLM2: 49152")
     parser.add_argument("--quick", action="store_true", help="200 repeats, 1 drafter round")
     parser.add_argument("--skip-drafter", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: scheduler_bench.json in a fresh run folder, "
+        "<cache>/runs/bench/scheduler_bench-<UTC time>/)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.drafter_repeats = 200, 1
@@ -226,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             result["drafter"] = {"skipped": f"dspark_sglang.model unavailable: {exc}"}
             print(f"\ndrafter section skipped: {exc}")
     result["loadavg_end"] = list(os.getloadavg())
+    if args.out is None:
+        args.out = default_out("scheduler_bench", "scheduler_bench.json")
     dump_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0

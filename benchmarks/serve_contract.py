@@ -1,4 +1,4 @@
-"""The chart's default tier under load, faults and bad requests (writes benchmarks/results/).
+"""The chart's default tier under load, faults and bad requests (writes a run folder).
 
 Why: a deployment is only as good as its worst request. This starts the server the
 chart renders for its default tier (through the documented CPU overlay of
@@ -12,7 +12,10 @@ against ``dspark_fallback_total``, ``/health`` during the load, and the answers 
 malformed requests. ``tests/deploy/test_serve_contract.py`` asserts the same
 invariants on a shorter run.
 
-Usage: ``python benchmarks/serve_contract.py [--duration 120] [--out FILE]``
+Usage: ``python benchmarks/serve_contract.py [--duration 120] [--out FILE]``. Without
+``--out`` the JSON goes to a fresh run folder,
+``<cache>/runs/bench/serve_contract-<UTC time>/serve_contract.json``; the committed result is
+``--out benchmarks/results/serve_contract.json``.
 """
 
 from __future__ import annotations
@@ -42,12 +45,10 @@ from dspark_sglang.bench.serve_contract import (  # noqa: E402
     run_load,
     summarise,
 )
-from dspark_sglang.results import dump_json  # noqa: E402
+from dspark_sglang.results import default_out, dump_json  # noqa: E402
 from dspark_sglang.sglang_integration.fallback import FAULT_EVERY_ENV  # noqa: E402
 from dspark_sglang.sglang_integration.server import server_process  # noqa: E402
 from dspark_sglang.targets.smollm2 import ensure_smollm2  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results" / "serve_contract.json"
 
 
 def main() -> int:
@@ -56,7 +57,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--fault-every", type=int, default=7, help="inject a drafter fault every N")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: serve_contract.json in a fresh run folder, "
+        "<cache>/runs/bench/serve_contract-<UTC time>/)",
+    )
     args = ap.parse_args()
 
     from transformers import AutoConfig, AutoTokenizer
@@ -122,6 +129,8 @@ def main() -> int:
         "health_ok": sum(h == 200 for h in health),
         "malformed": [{"request": b.name, "status": b.status, "message": b.message} for b in bad],
     }
+    if args.out is None:
+        args.out = default_out("serve_contract", "serve_contract.json")
     dump_json(args.out, result)
     print(f"sent {summary['sent']}  completed {summary['completed']}  cancelled by client "
           f"{summary['cancelled_by_client']}  errored {summary['errored']}")  # fmt: skip

@@ -1,4 +1,4 @@
-"""float32 vs bfloat16 for the two CPU-heavy training passes (writes benchmarks/results/).
+"""float32 vs bfloat16 for the two CPU-heavy training passes (writes a run folder, or --out).
 
 Why: one drafter-comparison run (data + a DSpark/DFlash pair + bench) did not fit in a
 working session in float32. These Xeons have AMX-BF16, so ``data.gen_dtype: bfloat16`` and
@@ -11,10 +11,12 @@ one process, and what they cost in fidelity:
    batches, float32 vs autocast alternating per batch (s/step, median), and the
    relative loss difference on identical weights and batch (bf16 rounding only).
 
-Usage: ``python benchmarks/training_precision.py --data-dir DIR [--threads 1]``
+Usage: ``python benchmarks/training_precision.py --data-dir DIR [--threads 1] [--out FILE]``
 (``DIR``: any data dir produced by ``dspark-sglang train --stage data`` for the
 SmolLM2 configs). The JSON records the load average: shared machines are noisy, so
-read the ratios, not the absolute figures.
+read the ratios, not the absolute figures. Without ``--out`` the JSON goes to a fresh run
+folder, ``<cache>/runs/bench/training_precision-<UTC time>/training_precision.json``; the
+committed result is ``--out benchmarks/results/training_precision.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from dspark_sglang.results import dump_json
+from dspark_sglang.results import default_out, dump_json
 from dspark_sglang.training.config import TrainConfig, load_config
 from dspark_sglang.training.datagen import left_pad, load_responses
 from dspark_sglang.training.dataset import HiddenCache
@@ -38,7 +40,6 @@ from dspark_sglang.training.pipeline import load_target
 from dspark_sglang.training.trainer import batch_loss, build_drafter, iterate_batches
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "training_precision.json"
 CONFIGS = (
     "configs/scale/dspark_smollm2_1layer_r96_x5.yaml",
     "configs/scale/dflash_smollm2_1layer_x5.yaml",
@@ -126,7 +127,13 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=16, help="prompts in the sampling batch")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: training_precision.json in a fresh run folder, "
+        "<cache>/runs/bench/training_precision-<UTC time>/)",
+    )
     args = ap.parse_args()
     cfgs = [load_config(REPO / c) for c in CONFIGS]
     target = load_target(cfgs[0].with_overrides(run={"threads": args.threads}))
@@ -151,6 +158,8 @@ def main() -> int:
             f"{t['config'] + ' (s/step)':<34} {sps['float32']:>10.2f} {sps['bfloat16']:>10.2f} "
             f"{t['speedup']:>7.2f}x {t['loss_rel_diff_max']:>14.2e}"
         )
+    if args.out is None:
+        args.out = default_out("training_precision", "training_precision.json")
     dump_json(args.out, result)
     print(f"wrote {args.out}")
     return 0

@@ -5,6 +5,10 @@ machines, so every string that is an absolute path under a known root is
 written relative to it: the project cache (``$DSPARK_CACHE_DIR/...``), the
 checkout or installed package (a repository-relative path), the temp dir
 (``$TMPDIR/...``) or the home directory (``~/...``). Everything else is kept.
+
+A benchmark run writes to a fresh run folder by default (:func:`run_dir`,
+:func:`default_out`), so that running one never overwrites the committed results in
+``benchmarks/results/``; ``--out`` names the file to write instead.
 """
 
 from __future__ import annotations
@@ -14,12 +18,21 @@ import os
 import platform
 import tempfile
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from dspark_sglang.targets.smollm2 import cache_root
 
-__all__ = ["dump_json", "local_path", "portable", "portable_path", "software_versions"]
+__all__ = [
+    "default_out",
+    "dump_json",
+    "local_path",
+    "portable",
+    "portable_path",
+    "run_dir",
+    "software_versions",
+]
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -84,6 +97,25 @@ def dump_json(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(portable(body), indent=indent, allow_nan=allow_nan) + "\n")
     return out
+
+
+def run_dir(benchmark: str, *, now: datetime | None = None) -> Path:
+    """A fresh run folder, ``<cache>/runs/bench/<benchmark>-<UTC YYYYmmdd-HHMMSS>/`` (created).
+
+    ``<cache>`` is :func:`~dspark_sglang.targets.smollm2.cache_root`. The default home of a
+    benchmark's output: the committed results are only written when ``--out`` names them.
+    """
+    if not benchmark or "/" in benchmark or benchmark.startswith("."):
+        raise ValueError(f"benchmark name {benchmark!r}: give a plain name such as 'frontier'")
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%d-%H%M%S")
+    out = cache_root() / "runs" / "bench" / f"{benchmark}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def default_out(benchmark: str, filename: str, *, now: datetime | None = None) -> Path:
+    """``run_dir(benchmark) / filename``: where a benchmark writes when ``--out`` is not given."""
+    return run_dir(benchmark, now=now) / filename
 
 
 def software_versions() -> dict[str, str]:

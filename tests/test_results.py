@@ -40,3 +40,50 @@ def test_committed_results_hold_no_machine_paths() -> None:
     assert files
     bad = [str(f.relative_to(ROOT)) for f in files if MACHINE_PATH.search(f.read_text())]
     assert bad == [], f"absolute machine paths in {bad}; write results with results.dump_json"
+
+
+def test_run_dir_is_a_fresh_timestamped_folder_under_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    when = dt.datetime(2026, 12, 2, 9, 5, 7, tzinfo=dt.UTC)
+    d = results.run_dir("frontier", now=when)
+    assert d == tmp_path / "cache" / "runs" / "bench" / "frontier-20261202-090507"
+    assert d.is_dir()
+    out = results.default_out("frontier", "frontier.json", now=when)
+    assert out == d / "frontier.json" and not out.exists()
+    # a zone-aware time is written in UTC
+    east = dt.datetime(2026, 12, 2, 11, 5, 7, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert results.run_dir("frontier", now=east) == d
+    for bad in ("", "a/b", ".."):
+        with pytest.raises(ValueError):
+            results.run_dir(bad)
+
+
+@pytest.mark.parametrize(
+    ("module", "benchmark"),
+    [
+        ("dspark_sglang.cli.bench_acceptance", "acceptance"),
+        ("dspark_sglang.cli.bench_sim_validation", "sim_validation"),
+    ],
+)
+def test_bench_commands_default_to_a_run_folder(
+    module: str, benchmark: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --out a run never touches benchmarks/results/; --plot goes beside --out."""
+    import argparse
+    import importlib
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    mod = importlib.import_module(module)
+    args = argparse.Namespace(out=None, plot=None)
+    mod._resolve_outputs(args)
+    assert args.out.parent.parent == tmp_path / "cache" / "runs" / "bench"
+    assert args.out.parent.name.startswith(f"{benchmark}-")
+    assert args.out.name == f"{benchmark}.json"
+    assert args.plot == args.out.with_suffix(".png")
+    args = argparse.Namespace(out=tmp_path / "x.json", plot=None)
+    mod._resolve_outputs(args)
+    assert (args.out, args.plot) == (tmp_path / "x.json", tmp_path / "x.png")

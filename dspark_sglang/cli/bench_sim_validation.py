@@ -39,8 +39,11 @@ the table: the prediction is out of sample. Timings on a shared machine are
 noisy; run it when nothing else is running.
 """
 _SIMVAL_EPILOG = """\
-example (about 20 minutes on 2 cores):
+example (about 20 minutes on 2 cores; writes to a fresh run folder, printed at the end):
   dspark-sglang bench sim-validation --concurrency 1,2,4 --static-k 2
+the committed result (benchmarks/README.md):
+  dspark-sglang bench sim-validation --concurrency 1,2,4 --static-k 2 \\
+      --out benchmarks/results/sim_validation.json
 """
 _DEFAULT_TRACES = "benchmarks/results/traces/smollm2_dspark_{gsm8k,humaneval,mtbench}.jsonl"
 
@@ -81,14 +84,18 @@ def _add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--out",
         type=Path,
-        default=Path("benchmarks/results/sim_validation.json"),
-        help="JSON: server profile, cost table, predicted and measured figures, errors",
+        default=None,
+        help="JSON: server profile, cost table, predicted and measured figures, errors. "
+        "None: sim_validation.json in a fresh run folder, "
+        "<cache>/runs/bench/sim_validation-<UTC time>/ (printed at the end); the committed "
+        "result is written only by --out benchmarks/results/sim_validation.json",
     )
     v.add_argument(
         "--plot",
         type=Path,
-        default=Path("benchmarks/results/sim_validation.png"),
-        help="PNG: predicted vs measured against concurrency",
+        default=None,
+        help="PNG: predicted vs measured against concurrency. "
+        "None: beside --out, same name with .png",
     )
 
 
@@ -118,6 +125,16 @@ def _simval_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"bench sim-validation: {exc}") from exc
 
 
+def _resolve_outputs(args: argparse.Namespace) -> None:
+    """``--out`` defaults to a fresh run folder, ``--plot`` to beside ``--out``."""
+    from dspark_sglang.results import default_out
+
+    if args.out is None:
+        args.out = default_out("sim_validation", "sim_validation.json")
+    if args.plot is None:
+        args.plot = args.out.with_suffix(".png")
+
+
 def _run(args: argparse.Namespace) -> int:
     import contextlib
     import datetime as _dt
@@ -143,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         settings = _simval_settings(args)
+        _resolve_outputs(args)
         drafter = (args.drafter or DEFAULT_DRAFTER_DIR).resolve()
         if not (drafter / "config.json").is_file():
             raise UsageError(f"--drafter {drafter}: no config.json; pass a checkpoint folder")

@@ -168,6 +168,11 @@ COMMITTED = sorted(
 )
 
 
+def test_the_headline_acceptance_run_is_committed() -> None:
+    """The README's acceptance table cites this file; the loop below checks its figures."""
+    assert "benchmarks/results/acceptance.json" in COMMITTED
+
+
 @pytest.mark.parametrize("rel", COMMITTED)
 def test_committed_acceptance_figures_follow_from_their_rounds(rel: str) -> None:
     """Every figure the READMEs quote is recomputed from the stored per-round counts."""
