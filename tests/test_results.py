@@ -77,13 +77,16 @@ def test_bench_commands_default_to_a_run_folder(
     import importlib
 
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    from dspark_sglang.cli.base import resolve_outputs
+
     mod = importlib.import_module(module)
+    assert benchmark == mod.BENCHMARK
     args = argparse.Namespace(out=None, plot=None)
-    mod._resolve_outputs(args)
+    resolve_outputs(args, mod.BENCHMARK)
     assert args.out.parent.parent == tmp_path / "cache" / "runs" / "bench"
     assert args.out.parent.name.startswith(f"{benchmark}-")
     assert args.out.name == f"{benchmark}.json"
     assert args.plot == args.out.with_suffix(".png")
     args = argparse.Namespace(out=tmp_path / "x.json", plot=None)
-    mod._resolve_outputs(args)
+    resolve_outputs(args, mod.BENCHMARK)
     assert (args.out, args.plot) == (tmp_path / "x.json", tmp_path / "x.png")

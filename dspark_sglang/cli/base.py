@@ -159,3 +159,13 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
         help="prefill model (default separate: prefill-only steps, SGLang's default)",
     )
     p.add_argument("--seed", type=int, default=0)
+
+
+def resolve_outputs(args: argparse.Namespace, benchmark: str) -> None:
+    """``--out`` defaults to ``<benchmark>.json`` in a fresh run folder, ``--plot`` beside it."""
+    from dspark_sglang.results import default_out
+
+    if args.out is None:
+        args.out = default_out(benchmark, f"{benchmark}.json")
+    if args.plot is None:
+        args.plot = args.out.with_suffix(".png")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError
+from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
 
 __all__ = ["COMMAND", "parse_drafter_specs"]
 
@@ -56,6 +56,9 @@ benchmarks/README.md, which names it with --out.
 DIR/<drafter>/<set>.jsonl (planner traces: `dspark-sglang plan`) and
 DIR/<drafter>/rollouts_<set>.jsonl (STS rollouts: `dspark-sglang calibrate`).
 """
+
+#: Names the result file and its run folder (committed copy: results/acceptance.json).
+BENCHMARK = "acceptance"
 
 
 def parse_drafter_specs(values: list[str]) -> list[tuple[str, Path]]:
@@ -223,16 +226,6 @@ def _print_report(console: Any, report: Any) -> None:
     console.print(pos)
 
 
-def _resolve_outputs(args: argparse.Namespace) -> None:
-    """``--out`` defaults to a fresh run folder, ``--plot`` to beside ``--out``."""
-    from dspark_sglang.results import default_out
-
-    if args.out is None:
-        args.out = default_out("acceptance", "acceptance.json")
-    if args.plot is None:
-        args.plot = args.out.with_suffix(".png")
-
-
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -252,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         specs, sets = _validate(args)
-        _resolve_outputs(args)
+        resolve_outputs(args, BENCHMARK)
         ckpts = [resolve_checkpoint(name, path) for name, path in specs]
     except UsageError as exc:
         print(f"bench acceptance: error: {exc}", file=sys.stderr)

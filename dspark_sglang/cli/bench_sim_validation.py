@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError
+from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
 
 _EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
 _SIMVAL_HELP = "Serving simulator vs a live SGLang server on CPU."
@@ -46,6 +46,9 @@ the committed result (benchmarks/README.md):
       --out benchmarks/results/sim_validation.json
 """
 _DEFAULT_TRACES = "benchmarks/results/traces/smollm2_dspark_{gsm8k,humaneval,mtbench}.jsonl"
+
+#: Names the result file and its run folder (committed copy: results/sim_validation.json).
+BENCHMARK = "sim_validation"
 
 
 def _add_arguments(v: argparse.ArgumentParser) -> None:
@@ -125,16 +128,6 @@ def _simval_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"bench sim-validation: {exc}") from exc
 
 
-def _resolve_outputs(args: argparse.Namespace) -> None:
-    """``--out`` defaults to a fresh run folder, ``--plot`` to beside ``--out``."""
-    from dspark_sglang.results import default_out
-
-    if args.out is None:
-        args.out = default_out("sim_validation", "sim_validation.json")
-    if args.plot is None:
-        args.plot = args.out.with_suffix(".png")
-
-
 def _run(args: argparse.Namespace) -> int:
     import contextlib
     import datetime as _dt
@@ -160,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         settings = _simval_settings(args)
-        _resolve_outputs(args)
+        resolve_outputs(args, BENCHMARK)
         drafter = (args.drafter or DEFAULT_DRAFTER_DIR).resolve()
         if not (drafter / "config.json").is_file():
             raise UsageError(f"--drafter {drafter}: no config.json; pass a checkpoint folder")
