@@ -4,7 +4,9 @@ The target is a real HF folder (random 4-layer Llama with a peaked head + a
 character-level tokenizer with a ChatML template), the drafters are tiny untrained
 DSpark / DFlash-style / AR checkpoints written by the real save functions in the
 layouts the trainer writes, and the eval sets are small files in the fetched
-layouts. Shared by ``tests/bench`` (the measurement) and ``tests/cli`` (the command).
+layouts. ``tests/bench`` (the measurement) and ``tests/cli`` (the command) get them
+through the session fixtures in ``tests/conftest.py`` (``tiny_chat_dir``,
+``tiny_chat_model``, ``tiny_drafters``, ``tiny_eval_cache``), so both build them once.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
+from dspark_sglang.model.ar_drafter import ARDrafter, ARDrafterConfig, save_ar_drafter
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.training.ar_drafter import ARDrafter, ARDrafterConfig, save_ar_drafter
 
 B = 4
 LAYER_IDS = (0, 1, 2)

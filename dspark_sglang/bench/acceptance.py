@@ -40,8 +40,8 @@ from dspark_sglang.results import dump_json
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.training.ar_drafter import ARDrafter
-from dspark_sglang.training.discovery import DrafterCheckpoint
+from dspark_sglang.model.ar_drafter import ARDrafter
+from dspark_sglang.model.discovery import DrafterCheckpoint
 
 __all__ = [
     "AcceptanceReport",
@@ -68,7 +68,7 @@ def load_proposer(ckpt: DrafterCheckpoint, target: HFTarget) -> Proposer:
     same target facts, since their config does not carry the target's name.
     """
     from dspark_sglang.model.checkpoint import load_drafter
-    from dspark_sglang.training.ar_drafter import load_ar_drafter
+    from dspark_sglang.model.ar_drafter import load_ar_drafter
 
     if ckpt.kind == "ar":
         drafter = load_ar_drafter(ckpt.folder, target.embed_tokens, target.lm_head).eval()

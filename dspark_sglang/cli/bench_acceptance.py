@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.model.checkpoint import CheckpointError
     from dspark_sglang.results import software_versions
     from dspark_sglang.sampling import SamplingParams
-    from dspark_sglang.training.discovery import resolve_checkpoint
+    from dspark_sglang.model.discovery import resolve_checkpoint
 
     console = Console()
     try:

@@ -2,8 +2,10 @@
 
 Parses the flags into ``ValidationSettings`` (bad input is refused before any
 server starts), starts SGLang's CPU server with DSPARK_MOE and our static-k policy
-unless ``--base-url`` names one, and hands the run to ``bench/sim_validation.py``;
-prints the predicted vs measured table and writes the JSON and the plot.
+unless ``--base-url`` names one, and hands the run to ``bench/sim_validation/``;
+prints the predicted vs measured table and writes the JSON and the plot. With
+``--resimulate RUN.json ...`` it starts no server: it re-simulates stored runs with
+today's simulator (``sim_validation.compare.resimulate_run``), prints, writes nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
 
-_EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
 _SIMVAL_HELP = "Serving simulator vs a live SGLang server on CPU."
 _SIMVAL_DESCRIPTION = """\
 Check the simulator's predictions against a real server. Starts SGLang's HTTP
@@ -37,6 +38,11 @@ probe's) and what arrivals held the others up (vs the simulator's prefill charge
 writes a JSON (--out) and a PNG (--plot). The load never feeds
 the table: the prediction is out of sample. Timings on a shared machine are
 noisy; run it when nothing else is running.
+
+--resimulate RUN.json ... starts no server: each stored run's levels are simulated
+again on their stored tables, once with the run's own settings (which must give back
+its stored predictions) and once with today's simulator timing; prints the errors
+before -> now, writes nothing.
 """
 _SIMVAL_EPILOG = """\
 example (about 20 minutes on 2 cores; writes to a fresh run folder, printed at the end):
@@ -44,6 +50,8 @@ example (about 20 minutes on 2 cores; writes to a fresh run folder, printed at t
 the committed result (benchmarks/README.md):
   dspark-sglang bench sim-validation --concurrency 1,2,4 --static-k 2 \\
       --out benchmarks/results/sim_validation.json
+re-simulate it with today's simulator (seconds, no server, writes nothing):
+  dspark-sglang bench sim-validation --resimulate benchmarks/results/sim_validation.json
 """
 _DEFAULT_TRACES = "benchmarks/results/traces/smollm2_dspark_{gsm8k,humaneval,mtbench}.jsonl"
 
@@ -80,7 +88,20 @@ def _add_arguments(v: argparse.ArgumentParser) -> None:
         "requests for their acceptance to match the traces'",
     )
     v.add_argument("--max-new-tokens", type=int, default=64, help="output tokens per request")
-    v.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each eval set")
+    v.add_argument(
+        "--num-prompts",
+        type=int,
+        default=10,
+        help="first N prompts of each eval set (with --resimulate: the stored runs' value)",
+    )
+    v.add_argument(
+        "--probes-after",
+        type=int,
+        default=0,
+        help="after each level's load, time the decode step at c requests this many more "
+        "times, one probe each: whether the machine's speed moved while the load ran "
+        "(stored per level as probes_after; 0: none)",
+    )
     v.add_argument("--threads", type=int, default=1, help="OpenMP threads of the server")
     v.add_argument("--base-url", default=None, help="use this running server instead")
     v.add_argument("--seed", type=int, default=0, help="simulator seed")
@@ -99,6 +120,15 @@ def _add_arguments(v: argparse.ArgumentParser) -> None:
         default=None,
         help="PNG: predicted vs measured against concurrency. "
         "None: beside --out, same name with .png",
+    )
+    v.add_argument(
+        "--resimulate",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="RUN.json",
+        help="start no server: re-simulate these stored runs with today's simulator, "
+        "print the table, write nothing",
     )
 
 
@@ -122,13 +152,66 @@ def _simval_settings(args: argparse.Namespace) -> Any:
             requests_per_client=args.requests_per_client,
             min_requests=args.min_requests,
             max_new_tokens=args.max_new_tokens,
+            probes_after=args.probes_after,
             seed=args.seed,
         )
     except ValueError as exc:
         raise UsageError(f"bench sim-validation: {exc}") from exc
 
 
+def _resimulate(args: argparse.Namespace) -> int:
+    """``--resimulate``: stored runs simulated again, printed; no server, nothing written."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from dspark_sglang.bench.sim_validation import resimulate_run, validation_prompts
+    from dspark_sglang.targets.smollm2 import ensure_smollm2_with_status
+
+    console = Console(width=max(Console().width, 110))
+    try:
+        given = [f for f, v in (("--out", args.out), ("--plot", args.plot)) if v is not None]
+        if args.base_url:
+            given.append("--base-url")
+        if given:
+            raise UsageError(
+                f"--resimulate starts no server and writes nothing: drop {', '.join(given)}"
+            )
+        if args.num_prompts < 1:
+            raise UsageError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        runs = []
+        for path in args.resimulate:
+            if not path.is_file():
+                raise UsageError(f"--resimulate {path}: no such file; give a run's JSON")
+            runs.append((path, json.loads(path.read_text())))
+        prompts, domains = validation_prompts(ensure_smollm2_with_status(console), args.num_prompts)
+        levels = [
+            (path, resimulate_run(run, prompts, domains, name=path.name)) for path, run in runs
+        ]
+    except (ValueError, FileNotFoundError, OSError, KeyError) as exc:
+        print(f"bench sim-validation: error: {exc}", file=sys.stderr)
+        return 2
+    tab = Table(title="stored runs re-simulated: as run -> with today's timing")
+    for col in ("run", "c", "throughput err", "TTFT live / sim, s", "per-user p50 err"):
+        tab.add_column(col, justify="right")
+    for path, run_levels in levels:
+        for lv in run_levels:
+            old, new = lv.error("as_run"), lv.error("today")
+            tab.add_row(
+                path.name,
+                str(lv.concurrency),
+                f"{old['throughput']:+.1%} -> {new['throughput']:+.1%}",
+                f"{lv.measured.ttft_p50:.2f} / {lv.as_run.ttft_p50:.2f} -> {lv.today.ttft_p50:.2f}",
+                f"{old['user_tps_p50']:+.1%} -> {new['user_tps_p50']:+.1%}",
+            )
+    console.print(tab)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.resimulate:
+        return _resimulate(args)
     import contextlib
     import datetime as _dt
     import tempfile
@@ -136,18 +219,17 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dspark_sglang.bench.acceptance import load_eval_prompts
     from dspark_sglang.bench.sim_validation import (
-        interleave_prompts,
+        EVAL_SETS,
         plot_report,
         run_validation,
         server_spec,
+        validation_prompts,
         write_report,
     )
     from dspark_sglang.planning.traces import load_traces_many
     from dspark_sglang.results import software_versions
     from dspark_sglang.sglang_integration.server import cpu_server
-    from dspark_sglang.targets.hf_target import HFTarget
     from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR, ensure_smollm2_with_status
 
     console = Console()
@@ -158,17 +240,14 @@ def _run(args: argparse.Namespace) -> int:
         if not (drafter / "config.json").is_file():
             raise UsageError(f"--drafter {drafter}: no config.json; pass a checkpoint folder")
         trace_files = args.traces or [
-            f"benchmarks/results/traces/smollm2_dspark_{d}.jsonl" for d in _EVAL_SETS
+            f"benchmarks/results/traces/smollm2_dspark_{d}.jsonl" for d in EVAL_SETS
         ]
         traces = load_traces_many(trace_files)
         model_path = ensure_smollm2_with_status(console)
-        target = HFTarget(model_path, num_threads=1)
-        by_set = load_eval_prompts(target, list(_EVAL_SETS), args.num_prompts)
+        prompts, domains = validation_prompts(model_path, args.num_prompts)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"bench sim-validation: error: {exc}", file=sys.stderr)
         return 2
-    prompts, domains = interleave_prompts(by_set, _EVAL_SETS, args.num_prompts)
-    del target
     with contextlib.ExitStack() as stack:
         if args.base_url:
             base_url = args.base_url.rstrip("/")
@@ -201,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
         "versions": software_versions(),
         "drafter": str(drafter),
         "traces": [str(t) for t in trace_files],
-        "settings": {**settings.__dict__, "concurrencies": list(settings.concurrencies)},
+        "settings": settings.to_dict(),
         "server": {
             "base_url": args.base_url or "started here (127.0.0.1)",
             "threads": args.threads,

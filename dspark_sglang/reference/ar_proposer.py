@@ -29,7 +29,7 @@ import torch
 from dspark_sglang.model.block_sampler import DraftProposal
 from dspark_sglang.reference.generator import DraftInputs
 from dspark_sglang.sampling import SamplingParams
-from dspark_sglang.training.ar_drafter import ARDrafter
+from dspark_sglang.model.ar_drafter import ARDrafter
 
 __all__ = ["ARProposer"]
 

@@ -48,7 +48,7 @@ def export_drafter(
     from dspark_sglang.model.config import TargetSpec
     from dspark_sglang.targets.hf_target import target_name_of
     from dspark_sglang.targets.smollm2 import ensure_smollm2
-    from dspark_sglang.training.discovery import resolve_checkpoint
+    from dspark_sglang.model.discovery import resolve_checkpoint
 
     ckpt = resolve_checkpoint("--from", source)
     if ckpt.kind == "ar":

@@ -44,7 +44,7 @@ from dspark_sglang.model import (
     save_drafter,
 )
 from dspark_sglang.training.anchors import pack_batches, sample_anchors
-from dspark_sglang.training.ar_drafter import (
+from dspark_sglang.model.ar_drafter import (
     ARDrafter,
     ARDrafterConfig,
     load_ar_drafter,

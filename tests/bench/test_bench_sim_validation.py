@@ -1,8 +1,8 @@
-"""`bench sim-validation`'s helpers are sound (its flag checks: tests/cli/).
+"""`bench sim-validation`'s settings, comparison and report are sound (its flags: tests/cli/).
 
 The full run (a live CPU server, minutes) is a benchmark, not a test: its output is
-committed as benchmarks/results/sim_validation.{json,png}. The client and summary code
-it uses are tested in tests/planning/test_planning_live.py and, against a real
+committed as benchmarks/results/sim_validation.{json,png}. The client and load code it
+uses are tested in tests/bench/test_bench_sim_validation_load.py and, against a real
 server, in tests/sglang_integration/test_sglang_moe_server.py.
 """
 
@@ -15,13 +15,17 @@ import numpy as np
 import pytest
 
 from dspark_sglang.bench.sim_validation import (
+    OLD_TIMING,
+    LiveMeasurement,
+    LoadSteps,
     ValidationPoint,
     ValidationSettings,
     interleave_prompts,
     pick_decode_prompts,
     pick_prefill_prompts,
+    resimulate_run,
+    stored_settings,
 )
-from dspark_sglang.planning.live import LiveMeasurement, LoadSteps
 from dspark_sglang.planning.simulator import SimConfig, simulate
 from dspark_sglang.planning.traces import decaying_acceptance, synthetic_traces
 from dspark_sglang.planning.workload import LengthDistribution
@@ -114,6 +118,42 @@ def test_point_reports_the_loads_steps_against_the_probe_and_the_prefill_charge(
     assert prefill_steps.size == admitted
     assert d["simulated_prefill_per_request_s"] == pytest.approx(prefill_steps.sum() / admitted)
     assert "load_steps" not in ValidationPoint(predicted, measured, table).to_dict()
+    # Probes right after the load are stored only when taken.
+    assert "probes_after" not in out
+    after = ((1.5, 0.55), (30.2, 0.61))
+    out = ValidationPoint(predicted, measured, table, 0.5, steps, after).to_dict()
+    assert out["probes_after"] == [
+        {"after_s": 1.5, "step_s": 0.55},
+        {"after_s": 30.2, "step_s": 0.61},
+    ]
+    with pytest.raises(ValueError, match="probes_after must be >= 0"):
+        ValidationSettings(
+            static_k=2, concurrencies=(1,), requests_per_client=2, max_new_tokens=8,
+            probes_after=-1,
+        )  # fmt: skip
+
+
+def test_stored_settings_read_back_what_a_run_wrote_and_the_old_timing() -> None:
+    s = ValidationSettings(
+        static_k=2, concurrencies=(1, 2), requests_per_client=3, max_new_tokens=8,
+        probes_after=2,
+    )  # fmt: skip
+    run = json.loads(json.dumps({"settings": s.to_dict()}))
+    assert stored_settings(run) == s
+    # A run written before first_token / closed_admission existed was simulated without
+    # them; one written before probes_after took none.
+    old = {k: v for k, v in run["settings"].items() if k not in (*OLD_TIMING, "probes_after")}
+    back = stored_settings({"settings": old})
+    assert (back.first_token, back.closed_admission) == ("prefill", "at_finish")
+    assert back.probes_after == 0
+    with pytest.raises(ValueError, match="does not have"):
+        stored_settings({"settings": {**run["settings"], "new_knob": 1}})
+
+
+def test_resimulation_needs_each_levels_table() -> None:
+    run = {"points": [{"concurrency": 1, "predicted": {}, "measured": {}}], "traces": []}
+    with pytest.raises(ValueError, match="each level's own cost table"):
+        resimulate_run(run, [[1, 2]], ["gsm8k"], name="old.json")
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from dspark_sglang.reference.generator import (
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.training.ar_drafter import ARDrafter, ARDrafterConfig
+from dspark_sglang.model.ar_drafter import ARDrafter, ARDrafterConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 0, 1, 2, 2], [3], [2, 2, 1, 0, 4, 3, 1]]

@@ -198,7 +198,7 @@ def test_sampled_requests_stream_through_the_live_load_client(
     Before the CPU port the first sampled request killed the scheduler. Every
     request must stream all its tokens, one chunk per engine step at most.
     """
-    from dspark_sglang.planning.live import closed_loop, stream_generate, summarise_load
+    from dspark_sglang.bench.sim_validation import closed_loop, stream_generate, summarise_load
 
     n_new = 8
     run = closed_loop(

@@ -1,9 +1,8 @@
-"""Validating the simulator against a live SGLang server.
+"""The load side of sim validation: closed-loop clients, what they measured, and step probes.
 
-Why: the planner sizes deployments from simulated throughput and per-user speed; a
-simulator that is not checked against a real server could be confidently wrong.
-
-The check has three independent measurements of one running server:
+Why: the simulator's prediction is only as good as the figures it is held against. This
+module turns a live server's streamed chunks (``client.RequestTimeline``) into those
+figures, three independent ways:
 
 1. Step cost (``profile_server``): ``n`` requests of the load's typical length decoded
    together give one streamed chunk per engine step, so the median gap between chunks
@@ -13,24 +12,18 @@ The check has three independent measurements of one running server:
    SGLang ``SpsCostTable`` of this server (decode and prefill probes do not overlap in
    ``b`` as long as ``n_max * (1 + k)`` stays below the shortest probed prompt).
 2. Load (``closed_loop``): ``c`` clients each keep one streaming request in flight,
-   over a fixed request list, recording when every chunk arrived.
-3. Prediction (``simulate``): the same policy, request lengths and concurrency on
-   that table with acceptance replayed from recorded drafter traces.
-
-``summarise_load`` reads the load exactly as ``simulator._summarise`` reads a
-simulated run (same warm-up rule, same window, same per-user speed), so the error
-``predicted / measured - 1`` compares like with like. The load never feeds the
-table: the prediction is out of sample.
+   over a fixed request list, recording when every chunk arrived; ``summarise_load``
+   reads it exactly as ``simulator._summarise`` reads a simulated run (same warm-up
+   rule, same window, same per-user speed), so the two compare like with like.
+3. The load's own steps (``load_steps``): its chunk gaps split into quiet decode steps
+   and what each arrival cost the requests already running, to tell a mispriced step
+   from a mispriced prefill when a level's prediction misses.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import statistics
 import threading
-import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,20 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from dspark_sglang.planning.simulator import SimResult
+from dspark_sglang.bench.sim_validation.client import RequestTimeline
 
 __all__ = [
     "LiveMeasurement",
     "LoadRun",
     "LoadSteps",
-    "RequestTimeline",
     "ServerProfile",
     "closed_loop",
     "decode_step_time",
     "load_steps",
-    "prediction_error",
+    "pick_decode_prompts",
+    "pick_prefill_prompts",
     "profile_server",
-    "stream_generate",
     "summarise_load",
 ]
 
@@ -76,127 +68,6 @@ class LiveMeasurement:
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"LiveMeasurement.{name} must be > 0 tok/s, got {v!r}")
-
-
-def prediction_error(predicted: SimResult, measured: LiveMeasurement) -> dict[str, float]:
-    """Relative error ``predicted / measured - 1`` of throughput and per-user p50/p90."""
-    if predicted.concurrency != measured.concurrency:
-        raise ValueError(
-            f"compare like with like: predicted concurrency {predicted.concurrency} vs "
-            f"measured {measured.concurrency}"
-        )
-    return {
-        "throughput": predicted.throughput / measured.throughput - 1.0,
-        "user_tps_p50": predicted.user_tps_p50 / measured.user_tps_p50 - 1.0,
-        "user_tps_p90": predicted.user_tps_p90 / measured.user_tps_p90 - 1.0,
-    }
-
-
-# --------------------------------------------------------------------------- one request
-
-
-@dataclass(frozen=True)
-class RequestTimeline:
-    """One streamed request: when it was sent and when each chunk arrived.
-
-    ``tokens[i]`` is the cumulative number of output tokens after chunk ``i``
-    (SGLang's ``meta_info.completion_tokens``); ``times`` are ``time.perf_counter``
-    seconds. ``verify_ct`` is SGLang's count of speculative rounds (None without
-    speculation).
-    """
-
-    submit: float
-    times: tuple[float, ...]
-    tokens: tuple[int, ...]
-    verify_ct: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.times or len(self.times) != len(self.tokens):
-            raise ValueError(
-                "RequestTimeline needs one cumulative token count per chunk time, and at "
-                f"least one chunk; got {len(self.times)} times, {len(self.tokens)} counts"
-            )
-        if any(b < a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
-            raise ValueError("RequestTimeline.tokens must be cumulative (non-decreasing)")
-
-    @property
-    def first(self) -> float:
-        return self.times[0]
-
-    @property
-    def finish(self) -> float:
-        return self.times[-1]
-
-    @property
-    def output_tokens(self) -> int:
-        return self.tokens[-1]
-
-    def emitted_between(self, t0: float, t1: float) -> int:
-        """Output tokens whose chunk arrived in ``(t0, t1]``."""
-        prev = 0
-        n = 0
-        for t, c in zip(self.times, self.tokens, strict=True):
-            if t0 < t <= t1:
-                n += c - prev
-            prev = c
-        return n
-
-
-def stream_generate(
-    base_url: str,
-    input_ids: Sequence[int],
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    seed: int | None = None,
-    timeout: float = 600.0,
-) -> RequestTimeline:
-    """One streaming ``/generate`` call that ignores EOS, timed chunk by chunk."""
-    url = urllib.parse.urlsplit(base_url)
-    sampling: dict[str, Any] = {
-        "max_new_tokens": int(max_new_tokens),
-        "ignore_eos": True,
-        "temperature": float(temperature),
-    }
-    if seed is not None:
-        sampling["sampling_seed"] = int(seed)
-    body = json.dumps(
-        {"input_ids": [int(t) for t in input_ids], "sampling_params": sampling, "stream": True}
-    )
-    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
-    times: list[float] = []
-    tokens: list[int] = []
-    verify_ct: int | None = None
-    try:
-        submit = time.perf_counter()
-        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"/generate answered {resp.status}: {resp.read()[:500]!r}")
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            now = time.perf_counter()
-            meta = json.loads(payload).get("meta_info", {})
-            count = int(meta.get("completion_tokens", 0))
-            if tokens and count == tokens[-1]:
-                continue  # a chunk without new tokens (e.g. the final usage-only one)
-            times.append(now)
-            tokens.append(count)
-            if meta.get("spec_verify_ct") is not None:
-                verify_ct = int(meta["spec_verify_ct"])
-    finally:
-        conn.close()
-    return RequestTimeline(
-        submit=submit, times=tuple(times), tokens=tuple(tokens), verify_ct=verify_ct
-    )
 
 
 # --------------------------------------------------------------------------- load
@@ -340,6 +211,23 @@ class LoadSteps:
     def quiet_step_s(self) -> float:
         return float(statistics.median(g for _, g in self.quiet_gaps))
 
+    def quiet_step_by_time(self, bin_s: float = 30.0) -> list[dict[str, float]]:
+        """Median quiet step per ``bin_s`` seconds of the window, in order.
+
+        Why: on a shared machine the decode step drifts in phases of tens of seconds; a
+        load whose quiet step moves from bin to bin was priced by a probe of one phase.
+        """
+        if not bin_s > 0:
+            raise ValueError(f"bin_s must be > 0 seconds, got {bin_s!r}")
+        t_lo = self.window[0]
+        bins: dict[int, list[float]] = {}
+        for a, g in self.quiet_gaps:
+            bins.setdefault(int((a - t_lo) // bin_s), []).append(g)
+        return [
+            {"from_s": k * bin_s, "median_s": float(statistics.median(v)), "gaps": len(v)}
+            for k, v in sorted(bins.items())
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         stalls = self.arrival_stall_s
         return {
@@ -348,6 +236,8 @@ class LoadSteps:
             "arrivals": len(stalls),
             "arrival_stall_median_s": float(statistics.median(stalls)) if stalls else None,
             "arrival_stall_total_s": float(sum(stalls)),
+            "window_s": self.window[1] - self.window[0],
+            "quiet_step_by_time": self.quiet_step_by_time(),
         }
 
 
@@ -392,6 +282,28 @@ def load_steps(run: LoadRun, skip_chunks: int = 2) -> LoadSteps:
 
 
 # --------------------------------------------------------------------------- step cost
+
+
+def pick_prefill_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[list[int]]:
+    """``count`` prompts spread over the length range (shortest .. longest), distinct lengths."""
+    by_len: dict[int, list[int]] = {}
+    for p in prompts:
+        by_len.setdefault(len(p), list(p))
+    lengths = sorted(by_len)
+    if count >= len(lengths):
+        return [by_len[n] for n in lengths]
+    idx = sorted({round(i * (len(lengths) - 1) / (count - 1)) for i in range(count)})
+    return [by_len[lengths[i]] for i in idx]
+
+
+def pick_decode_prompts(prompts: Sequence[Sequence[int]], count: int) -> list[list[int]]:
+    """The ``count`` prompts nearest the median length: the decode probe's context should be
+    the load's typical one (``profile_server``)."""
+    if not prompts:
+        raise ValueError("pick_decode_prompts needs at least one prompt")
+    median = statistics.median(len(p) for p in prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (abs(len(prompts[i]) - median), i))
+    return [list(prompts[i]) for i in order[:count]]
 
 
 def decode_step_time(timelines: Sequence[RequestTimeline], skip_chunks: int = 2) -> float:

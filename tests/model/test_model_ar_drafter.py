@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from dspark_sglang.training.ar_drafter import (
+from dspark_sglang.model.ar_drafter import (
     ARDrafter,
     ARDrafterConfig,
     load_ar_drafter,

@@ -1,7 +1,7 @@
 """Find and classify drafter checkpoints on disk without loading weights.
 
 A drafter folder holds ``config.json`` (DSpark/DFlash, ``model.checkpoint.save_drafter``)
-or ``ar_config.json`` (EAGLE3-style AR, ``training.ar_drafter.save_ar_drafter``). Users
+or ``ar_config.json`` (EAGLE3-style AR, ``model.ar_drafter.save_ar_drafter``). Users
 may also point at what the trainer writes around it: a ``step-NNNNNN`` folder (its
 ``drafter/`` subfolder) or a whole run's ``out_dir`` (its latest checkpoint). Benchmarks
 and ``export-drafter`` resolve their paths here, so every command accepts the same
@@ -69,7 +69,7 @@ def resolve_checkpoint(name: str, path: str | Path) -> DrafterCheckpoint:
     training run's ``out_dir`` (its latest checkpoint is used).
     """
     from dspark_sglang.model.config import DSparkConfig
-    from dspark_sglang.training.ar_drafter import ARDrafterConfig
+    from dspark_sglang.model.ar_drafter import ARDrafterConfig
 
     given = Path(path).expanduser()
     if not given.exists():

@@ -1,8 +1,9 @@
-"""The live-validation arithmetic reads a measured run exactly as the simulator reads its own.
+"""Sim validation's load side reads a measured run exactly as the simulator reads its own.
 
 The strongest check: replay a *simulated* run's per-request times as if they had
 been measured (one chunk per decode step), and ``summarise_load`` must give back
-the simulator's own throughput and per-user speeds.
+the simulator's own throughput and per-user speeds. Also the client's timeline, the
+closed-loop generator and the server's step probes (``bench/sim_validation/``).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import time
 import numpy as np
 import pytest
 
-from dspark_sglang.planning.live import (
+from dspark_sglang.bench.sim_validation.client import RequestTimeline
+from dspark_sglang.bench.sim_validation.compare import prediction_error
+from dspark_sglang.bench.sim_validation.load import (
     LoadRun,
-    RequestTimeline,
+    LoadSteps,
     ServerProfile,
     closed_loop,
     decode_step_time,
     load_steps,
-    prediction_error,
     profile_server,
     summarise_load,
 )
@@ -120,6 +122,27 @@ def test_load_steps_recovers_the_decode_step_and_each_arrivals_prefill() -> None
     summary = steps.to_dict()
     assert summary["arrivals"] == len(expected)
     assert summary["arrival_stall_total_s"] == pytest.approx(sum(expected))
+    assert summary["window_s"] == pytest.approx(steady_end - t_lo)
+    # Every quiet step is the same here, so each time bin's median is that step.
+    by_time = summary["quiet_step_by_time"]
+    assert sum(b["gaps"] for b in by_time) == len(steps.quiet_gaps)
+    assert all(b["median_s"] == pytest.approx(step, rel=1e-9) for b in by_time)
+
+
+def test_quiet_steps_binned_by_time_show_a_drifting_machine() -> None:
+    gaps = ((10.0, 0.5), (20.0, 0.5), (35.0, 0.6), (40.0, 0.7), (95.0, 0.55))
+    steps = LoadSteps(quiet_gaps=gaps, arrival_stall_s=(), window=(10.0, 100.0))
+    # Bins count from the window's start; an empty bin is left out.
+    assert steps.quiet_step_by_time(30.0) == [
+        {"from_s": 0.0, "median_s": pytest.approx(0.5), "gaps": 3},
+        {"from_s": 30.0, "median_s": pytest.approx(0.7), "gaps": 1},
+        {"from_s": 60.0, "median_s": pytest.approx(0.55), "gaps": 1},
+    ]
+    by20 = steps.quiet_step_by_time(20.0)
+    assert [b["from_s"] for b in by20] == [0.0, 20.0, 80.0]
+    assert [b["median_s"] for b in by20] == pytest.approx([0.5, 0.65, 0.55])
+    with pytest.raises(ValueError, match="bin_s must be > 0"):
+        steps.quiet_step_by_time(0.0)
 
 
 def test_load_steps_needs_a_steady_window() -> None:
