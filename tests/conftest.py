@@ -1,9 +1,20 @@
-"""Suite-wide settings that must hold before any test module imports SGLang or torch work starts."""
+"""Suite-wide settings and the fixtures more than one test folder uses.
+
+Settings that must hold before any test module imports SGLang or torch work starts
+come first. The fixtures below live here, not in a folder's conftest, because a
+package's tests and its command's tests (``tests/<package>`` and ``tests/cli``)
+need the same inputs: the staircase cost table, the synthetic calibration rounds and
+the tiny chat target with its drafters and eval sets. Their builders are plain
+modules on the path (``synthetic_inputs``, ``tiny_chat_target``), imported inside
+the fixtures so collecting an unrelated folder does not load them.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +31,71 @@ def smollm2_path() -> Path:
     from dspark_sglang.targets.smollm2 import ensure_smollm2
 
     return ensure_smollm2()
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Single-threaded torch for one test: on shared 2-core machines two OpenMP threads
+    under load are far slower than one, and results must not depend on it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- synthetic inputs
+
+
+@pytest.fixture(scope="session")
+def table() -> Any:
+    """The staircase SPS cost table (``synthetic_inputs.staircase``): planning and its CLI."""
+    from synthetic_inputs import staircase
+
+    return staircase()
+
+
+@pytest.fixture
+def synthetic() -> Callable[..., Any]:
+    """``synthetic_inputs.synthetic_rounds``: calibration and the ``calibrate`` command."""
+    from synthetic_inputs import synthetic_rounds
+
+    return synthetic_rounds
+
+
+# --------------------------------------------------------------------------- tiny chat target
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny chat target as an HF folder (``tiny_chat_target.save_tiny_chat_target``)."""
+    from tiny_chat_target import save_tiny_chat_target
+
+    return save_tiny_chat_target(tmp_path_factory.mktemp("models") / "tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tiny_chat_dir: Path) -> Any:
+    """The tiny chat target loaded as an ``HFTarget`` (read only: shared by the session)."""
+    from dspark_sglang.targets.hf_target import HFTarget
+
+    return HFTarget(tiny_chat_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(
+    tiny_chat_model: Any, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Untrained dspark / dflash / ar drafters of the tiny chat target, in the trainer's layouts."""
+    from tiny_chat_target import save_tiny_drafters
+
+    return save_tiny_drafters(tiny_chat_model, tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def tiny_eval_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``DSPARK_CACHE_DIR`` holding three-prompt eval sets in the fetched layouts."""
+    from tiny_chat_target import write_tiny_eval_sets
+
+    return write_tiny_eval_sets(tmp_path_factory.mktemp("cache"))

@@ -40,6 +40,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
         specs = [PolicySpec.parse(s) for s in args.policy.split(",") if s.strip()]
+        for spec in specs:  # the config's checks (e.g. static k <= block) before any run
+            spec.config(inputs.traces.block_size)
         loads: list[SimConfig] = []
         if args.concurrency:
             for c in csv_numbers(args.concurrency, int):
@@ -78,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     for spec in specs:
         for cfg in loads:
-            res = simulate(traces, table, spec.build(table), lengths, cfg, sts=sts)
+            policy = spec.build(table, block_size=traces.block_size)
+            res = simulate(traces, table, policy, lengths, cfg, sts=sts)
             results.append({"spec": spec.label, **res.to_dict()})
             load = f"C={cfg.concurrency}" if cfg.mode == "closed" else f"λ={cfg.arrival_rate:g}"
             print(

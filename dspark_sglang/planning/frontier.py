@@ -31,9 +31,13 @@ from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
-from dspark_sglang.scheduling.config import POLICIES
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, POLICIES, SchedulerConfig
 from dspark_sglang.scheduling.cost_table import CostModel
-from dspark_sglang.scheduling.policies import SchedulingPolicy, build_policy
+from dspark_sglang.scheduling.policies import (
+    IN_MEMORY_COST_TABLE,
+    SchedulingPolicy,
+    policy_from_config,
+)
 
 __all__ = [
     "Frontier",
@@ -51,15 +55,20 @@ __all__ = [
 ]
 
 Criterion = Literal["p50", "p50+p90"]
-_SPEC = re.compile(r"^(prefix|lagged|static|mtp1|verify_all|none)(?::(\d+))?$")
+_SPEC = re.compile(rf"^({'|'.join(map(re.escape, POLICIES))})(?::(\d+))?$")
+_SPEC_FORMS = " | ".join(
+    {"lagged": "lagged[:lag]", "static": "static:<k>"}.get(p, p) for p in POLICIES
+)
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     """A policy by name plus its one integer option (``static:k``, ``lagged:lag``).
 
-    ``build`` goes through ``scheduling.policies.build_policy``: the simulator runs the
-    very classes the worker runs.
+    ``config`` is the ``SchedulerConfig`` the spec stands for and ``build`` turns it
+    into a policy with ``scheduling.policies.policy_from_config``, the worker's own
+    translation: the simulator runs the very settings and classes a tier would run,
+    validated by the same rules.
     """
 
     name: str
@@ -77,13 +86,10 @@ class PolicySpec:
 
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
-        """Parse a spec: prefix, lagged[:lag], static:<k>, mtp1, verify_all or none."""
+        """Parse a spec: a policy name, ``lagged[:lag]`` or ``static:<k>``."""
         m = _SPEC.match(text.strip())
         if not m:
-            raise ValueError(
-                f"bad policy spec {text!r}; use prefix | lagged[:lag] | static:<k> | mtp1 | "
-                "verify_all | none"
-            )
+            raise ValueError(f"bad policy spec {text!r}; use {_SPEC_FORMS}")
         return cls(m.group(1), int(m.group(2)) if m.group(2) else None)
 
     @property
@@ -98,18 +104,26 @@ class PolicySpec:
     def lag(self) -> int:
         return self.option if self.name == "lagged" and self.option is not None else 2
 
+    def config(self, block_size: int, max_verify_tokens: int | None = None) -> SchedulerConfig:
+        """The scheduler config of this spec for a drafter of ``block_size``.
+
+        ``prefix`` and ``lagged`` name ``IN_MEMORY_COST_TABLE``: their table is the one
+        the caller holds, handed to ``build`` as ``cost_model``.
+        """
+        return SchedulerConfig(
+            block_size=block_size,
+            policy=self.name,  # type: ignore[arg-type]  # checked in __post_init__
+            static_k=self.option if self.name == "static" else None,
+            lag_steps=self.lag,
+            max_verify_tokens=max_verify_tokens,
+            cost_table_path=IN_MEMORY_COST_TABLE if self.name in NEEDS_COST_TABLE else None,
+        )
+
     def build(
-        self, cost_model: CostModel, max_verify_tokens: int | None = None
+        self, cost_model: CostModel, max_verify_tokens: int | None = None, *, block_size: int
     ) -> SchedulingPolicy:
-        if self.name == "prefix":
-            return build_policy("prefix", cost_model, max_verify_tokens=max_verify_tokens)
-        if self.name == "lagged":
-            return build_policy(
-                "lagged", cost_model, lag=self.lag, max_verify_tokens=max_verify_tokens
-            )
-        if self.name == "static":
-            return build_policy("static", k=self.option)
-        return build_policy(self.name)
+        """The policy of ``config(block_size, max_verify_tokens)`` on ``cost_model``."""
+        return policy_from_config(self.config(block_size, max_verify_tokens), cost_model=cost_model)
 
 
 def default_policy_specs(block_size: int) -> list[PolicySpec]:
@@ -158,9 +172,8 @@ def sweep(
         runs: list[SimResult] = []
         for c in sorted(set(concurrencies)):
             cfg = SimConfig(concurrency=c, num_requests=num_requests(c), prefill=prefill, seed=seed)
-            res = simulate(
-                traces, cost_model, spec.build(cost_model, max_verify_tokens), lengths, cfg, sts=sts
-            )
+            policy = spec.build(cost_model, max_verify_tokens, block_size=traces.block_size)
+            res = simulate(traces, cost_model, policy, lengths, cfg, sts=sts)
             runs.append(res)
             if progress is not None:
                 progress(spec.label, res)

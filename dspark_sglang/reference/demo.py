@@ -20,6 +20,7 @@ __all__ = [
     "build_drafter",
     "build_generator",
     "build_policy",
+    "cost_model_for",
     "progress_bar",
     "report",
     "run_plain_and_speculative",
@@ -64,20 +65,49 @@ def build_drafter(
     return drafter, False
 
 
-def build_policy(name: str | None, cost_table: Path | None, static_k: int) -> Any:
-    """The named policy (default ``verify_all``); ``prefix``/``lagged`` need a cost table."""
-    from dspark_sglang.scheduling import load_cost_table
-    from dspark_sglang.scheduling.policies import build_policy as _build
+def cost_model_for(name: str | None, cost_table: Path | None) -> Any:
+    """The ``--cost-table`` a policy will rank with, read now (before any model load).
 
-    name = name or "verify_all"
-    cost = load_cost_table(cost_table) if cost_table is not None else None
-    if name in ("prefix", "lagged") and cost is None:
+    ``prefix``/``lagged`` need one; the file is parsed here so a bad flag fails fast.
+    """
+    from dspark_sglang.scheduling import load_cost_table
+    from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
+
+    if name in NEEDS_COST_TABLE and cost_table is None:
         raise ValueError(
             f"policy {name!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
             "`dspark-sglang profile`)"
         )
-    kwargs: dict[str, Any] = {"k": static_k} if name == "static" else {}
-    return _build(name, cost, **kwargs)
+    return load_cost_table(cost_table) if cost_table is not None else None
+
+
+def build_policy(
+    name: str | None,
+    cost_table: Path | None,
+    static_k: int,
+    block_size: int,
+    cost_model: Any = None,
+) -> Any:
+    """The named policy (default ``verify_all``) for a drafter of ``block_size``.
+
+    The flags become a ``SchedulerConfig`` and ``policy_from_config`` builds the
+    policy, so the reference runs what the SGLang plugin would run for the same
+    flags and refuses what it would refuse. ``cost_model`` is the already read
+    ``cost_table`` (``cost_model_for``), else the file is read here.
+    """
+    from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.scheduling.policies import policy_from_config
+
+    name = name or "verify_all"
+    if cost_model is None:
+        cost_model = cost_model_for(name, cost_table)
+    cfg = SchedulerConfig(
+        block_size=block_size,
+        policy=name,  # type: ignore[arg-type]  # checked in __post_init__
+        static_k=static_k if name == "static" else None,
+        cost_table_path=str(cost_table) if cost_table is not None else None,
+    )
+    return policy_from_config(cfg, cost_model=cost_model)
 
 
 def sts_temperatures(sts: Path | None, drafter: Path | None) -> Any:
@@ -105,14 +135,19 @@ def build_generator(
     threads: int | None,
     console: Any,
 ) -> tuple[Any, Any]:
-    """``(target, ReferenceGenerator)`` for SmolLM2; flags are checked before the slow load."""
+    """``(target, ReferenceGenerator)`` for SmolLM2.
+
+    Flag errors that need no model (a missing or unreadable cost table) fail before
+    the slow load; the scheduler config is then built for the loaded drafter's block.
+    """
     from dspark_sglang.reference.generator import ReferenceGenerator
     from dspark_sglang.sampling import SamplingParams
 
     sampling = SamplingParams(temperature, top_k, top_p)
-    scheduler = build_policy(policy, cost_table, static_k)  # before the model load: fail fast
+    cost = cost_model_for(policy, cost_table)  # before the model load: fail fast
     target = _load_target(console, threads)
     proposer, _trained = build_drafter(target, drafter, seed, console)
+    scheduler = build_policy(policy, cost_table, static_k, proposer.block_size, cost)
     gen = ReferenceGenerator(
         target,
         proposer,

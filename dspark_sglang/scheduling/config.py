@@ -19,12 +19,14 @@ import msgspec
 import yaml
 
 __all__ = [
+    "NEEDS_COST_TABLE",
     "POLICIES",
     "RAGGED_VERIFY_MODES",
     "ConfigError",
     "Policy",
     "RaggedVerifyMode",
     "SchedulerConfig",
+    "num_draft_tokens",
 ]
 
 Policy = Literal["prefix", "lagged", "static", "mtp1", "verify_all", "none"]
@@ -32,8 +34,14 @@ RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
 RAGGED_VERIFY_MODES: tuple[str, ...] = get_args(RaggedVerifyMode)
 POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_BLOCK_SIZE = 16
-_NEEDS_COST_TABLE = ("prefix", "lagged")
+NEEDS_COST_TABLE: tuple[str, ...] = ("prefix", "lagged")
+"""Policies that rank drafts against an SPS cost table (``cost_table_path`` required)."""
 _SLA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def num_draft_tokens(block_size: int) -> int:
+    """SGLang's ``--speculative-num-draft-tokens`` for a drafter block: block plus anchor."""
+    return block_size + 1
 
 
 class ConfigError(ValueError):
@@ -171,10 +179,11 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
             raise ConfigError(f"max_verify_tokens must be an integer >= 1 or omitted, got {v!r}")
         _opt_path("cost_table_path", self.cost_table_path)
         _opt_path("sts_path", self.sts_path)
-        if self.policy in _NEEDS_COST_TABLE and self.cost_table_path is None:
+        if self.policy in NEEDS_COST_TABLE and self.cost_table_path is None:
+            others = "/".join(p for p in POLICIES if p not in NEEDS_COST_TABLE)
             raise ConfigError(
                 f"policy {self.policy!r} needs cost_table_path (an SGLang SPS cost-table JSON); "
-                "profile one or choose policy static/mtp1/verify_all/none"
+                f"profile one or choose policy {others}"
             )
         if not isinstance(self.greedy_only, bool):
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
@@ -182,7 +191,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     @property
     def num_draft_tokens(self) -> int:
         """SGLang's ``--speculative-num-draft-tokens``: the block plus the anchor."""
-        return self.block_size + 1
+        return num_draft_tokens(self.block_size)
 
     @property
     def ragged_verify_mode(self) -> RaggedVerifyMode:

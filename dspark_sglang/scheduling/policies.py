@@ -41,10 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark_sglang.scheduling.config import POLICIES, SchedulerConfig
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, POLICIES, SchedulerConfig
 from dspark_sglang.scheduling.cost_table import CostModel, load_cost_table
 
 __all__ = [
+    "IN_MEMORY_COST_TABLE",
     "POLICY_NAMES",
     "AnticipatingGlobalSearch",
     "CostModel",
@@ -415,17 +416,36 @@ def build_policy(name: str, cost_model: CostModel | None = None, **kw: Any) -> S
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {list(POLICY_NAMES)}")
 
 
-def policy_from_config(cfg: SchedulerConfig) -> SchedulingPolicy:
-    """The policy a scheduler config selects (its cost table loaded from its path).
+IN_MEMORY_COST_TABLE = "<in-memory cost model>"
+"""``cost_table_path`` of a config whose table is already loaded and handed to
+``policy_from_config`` as ``cost_model`` (the simulator and the planner hold it in memory)."""
+
+
+def policy_from_config(
+    cfg: SchedulerConfig, *, cost_model: CostModel | None = None
+) -> SchedulingPolicy:
+    """The policy a scheduler config selects.
 
     The one translation from ``SchedulerConfig`` to a policy: the SGLang plugin, the
-    chart's contract tests and every launcher that writes a config use it.
+    chart's contract tests, the reference demo, the simulator and the planner all use
+    it, so every one of them runs the settings the config validated. The cost table
+    is loaded from ``cfg.cost_table_path``, or is ``cost_model`` when the caller
+    already holds it (then ``cost_table_path`` only says where it came from, e.g.
+    ``IN_MEMORY_COST_TABLE``).
     """
-    cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
+    if cost_model is not None:
+        cost: CostModel | None = cost_model
+    elif cfg.cost_table_path == IN_MEMORY_COST_TABLE:
+        raise ValueError(
+            f"cost_table_path is {IN_MEMORY_COST_TABLE!r}: pass the loaded table as "
+            "policy_from_config(cfg, cost_model=...)"
+        )
+    else:
+        cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
     kw: dict[str, Any] = {}
     if cfg.policy == "static":
         kw["k"] = cfg.static_k
-    elif cfg.policy in ("prefix", "lagged"):
+    elif cfg.policy in NEEDS_COST_TABLE:
         kw["max_verify_tokens"] = cfg.max_verify_tokens
         if cfg.policy == "lagged":
             kw["lag"] = cfg.lag_steps

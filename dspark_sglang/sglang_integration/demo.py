@@ -35,8 +35,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 from dspark_sglang.sglang_integration.launch import (
     STS_FILENAME,
+    LaunchError,
+    check_sts_block_size,
     drafter_block_size,
     scheduler_env,
 )
@@ -160,7 +163,7 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
                     f"{flag} only feeds our scheduler: give --policy too (without --policy "
                     "SGLang decides the verify lengths itself)"
                 )
-    if args.policy in ("prefix", "lagged") and args.cost_table is None:
+    if args.policy in NEEDS_COST_TABLE and args.cost_table is None:
         raise DemoError(
             f"policy {args.policy!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
             "`dspark-sglang profile`)"
@@ -260,11 +263,11 @@ def write_scheduler_config(
     # this process too (SGLang's start-up SIGQUIT): read them here first.
     if args.cost_table is not None:
         load_cost_table(args.cost_table)
-    if sts is not None and load_sts(sts).block_size != block_size:
-        raise DemoError(
-            f"STS {sts} was fit for block size {load_sts(sts).block_size}, the drafter "
-            f"proposes {block_size}; refit it (`dspark-sglang calibrate`) for this drafter"
-        )
+    if sts is not None:
+        try:
+            check_sts_block_size(load_sts(sts).block_size, block_size, f"STS {sts}")
+        except LaunchError as exc:
+            raise DemoError(str(exc)) from exc
     cfg = SchedulerConfig(
         block_size=block_size,
         policy=args.policy,

@@ -1,10 +1,13 @@
 """How a ``DSPARK_MOE`` server is launched: the settings that derive from the drafter and tier.
 
-One home for three facts every launcher needs (the Helm chart, the demo, the
-benchmarks, the tests), so none of them types a number twice:
+One home for the facts every launcher needs (the Helm chart, the demo, the
+benchmarks, the tests), so none of them types a number twice or checks it its own way:
 
+* the block size of a drafter folder is :func:`drafter_block_size` (read from its
+  ``config.json``); a scheduler config or STS file made for another block is refused
+  by :func:`check_block_size` and :func:`check_sts_block_size`;
 * ``--speculative-num-draft-tokens`` is the drafter's block size plus the anchor
-  (:func:`drafter_block_size`, ``SchedulerConfig.num_draft_tokens``);
+  (``scheduling.config.num_draft_tokens``, ``SchedulerConfig.num_draft_tokens``);
 * ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy
   (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`);
 * the drafter folder's STS file is :data:`STS_FILENAME`.
@@ -24,15 +27,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dspark_sglang.scheduling.config import RAGGED_VERIFY_MODES, SchedulerConfig
+from dspark_sglang.scheduling.config import num_draft_tokens as draft_tokens_for
 
 __all__ = [
     "CONFIG_ENV",
     "RAGGED_MODE_ENV",
     "STS_FILENAME",
     "LaunchError",
+    "check_block_size",
     "check_config",
     "check_ragged_mode",
     "check_server_args",
+    "check_sts_block_size",
     "drafter_block_size",
     "is_dspark_moe_drafter",
     "scheduler_env",
@@ -112,11 +118,12 @@ def check_server_args(
     if not drafter_path or not is_dspark_moe_drafter(drafter_path):
         return
     block = drafter_block_size(drafter_path)
-    if num_draft_tokens is not None and int(num_draft_tokens) != block + 1:
+    need = draft_tokens_for(block)
+    if num_draft_tokens is not None and int(num_draft_tokens) != need:
         raise LaunchError(
             f"--speculative-num-draft-tokens {num_draft_tokens} does not fit the drafter at "
-            f"{drafter_path}: its block_size is {block}, so SGLang needs {block + 1} "
-            f"(block + anchor); pass {block + 1} or omit the flag (with the Helm chart: set "
+            f"{drafter_path}: its block_size is {block}, so SGLang needs {need} "
+            f"(block + anchor); pass {need} or omit the flag (with the Helm chart: set "
             f"{CHART_BLOCK_SIZE}: {block})"
         )
     config = env.get(CONFIG_ENV)
@@ -124,10 +131,13 @@ def check_server_args(
         check_config(SchedulerConfig.load(config), config, block, env)
 
 
-def check_config(
-    cfg: SchedulerConfig, source: str, block_size: int, env: Mapping[str, str]
-) -> None:
-    """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong."""
+def check_block_size(cfg: SchedulerConfig, source: str, block_size: int) -> None:
+    """Refuse a scheduler config whose ``block_size`` is not the drafter's.
+
+    The one comparison of a config (rendered from the chart's tier values) with the
+    drafter it serves; ``block_size`` is :func:`drafter_block_size` of the drafter
+    folder, or the block the running worker drafts.
+    """
     if cfg.block_size != block_size:
         raise LaunchError(
             f"{source}: block_size={cfg.block_size} but the drafter proposes {block_size} "
@@ -135,6 +145,23 @@ def check_config(
             f"{CHART_BLOCK_SIZE}: {block_size}) or mount the drafter this tier was "
             "configured for"
         )
+
+
+def check_sts_block_size(sts_block_size: int, block_size: int, source: str) -> None:
+    """Refuse an STS calibration (``source``) fit for another block than the drafter's."""
+    if sts_block_size != block_size:
+        raise LaunchError(
+            f"{source} was fit for block size {sts_block_size}, the drafter proposes "
+            f"{block_size}; refit STS (`dspark-sglang calibrate`) for this drafter "
+            f"(block_size {block_size})"
+        )
+
+
+def check_config(
+    cfg: SchedulerConfig, source: str, block_size: int, env: Mapping[str, str]
+) -> None:
+    """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong."""
+    check_block_size(cfg, source, block_size)
     check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), source)
 
 

@@ -39,7 +39,12 @@ import torch
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.sglang_integration import metrics
-from dspark_sglang.sglang_integration.launch import CONFIG_ENV, RAGGED_MODE_ENV, check_config
+from dspark_sglang.sglang_integration.launch import (
+    CONFIG_ENV,
+    RAGGED_MODE_ENV,
+    check_config,
+    check_sts_block_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +124,7 @@ def load_decider(
     if cfg.sts_path:
         from dspark_sglang.calibration.sts import load_sts
 
-        cal = load_sts(cfg.sts_path)
-        if cal.block_size != gamma:
-            raise ValueError(
-                f"sts_path={cfg.sts_path} was fit for block size {cal.block_size}, the draft "
-                f"proposes {gamma}; refit STS (`dspark-sglang calibrate`) for block_size {gamma}"
-            )
+        check_sts_block_size(load_sts(cfg.sts_path).block_size, gamma, f"sts_path={cfg.sts_path}")
     log = env.get(DECISION_LOG_ENV)
     records = tp_rank == 0
     decider = VerifyDecider(cfg, policy_from_config(cfg), Path(log) if log else None, records)

@@ -1,11 +1,12 @@
 """``bench acceptance``'s measurement on a tiny random Llama chat target (fast; no SmolLM2).
 
-Target, drafters and eval sets come from ``tiny_chat_target`` (real on-disk
-layouts, written by the real save functions). Covers: the figures in the report
-are exactly what the per-round records imply (accepted length, macro, gains,
-position-wise acceptance), a cell equals an independent reference-generator run,
-kind detection, and the committed runs. The command itself (JSON, PNG, traces,
-rollouts, flag errors) is tested in ``tests/cli/test_cli_bench_acceptance.py``.
+Target, drafters and eval sets are the suite's tiny-chat fixtures (``tests/conftest.py``,
+built by ``tiny_chat_target``: real on-disk layouts, written by the real save functions).
+Covers: the figures in the report are exactly what the per-round records imply
+(accepted length, macro, gains, position-wise acceptance), a cell equals an independent
+reference-generator run, kind detection, and the committed runs. The command itself
+(JSON, PNG, traces, rollouts, flag errors) is tested in
+``tests/cli/test_cli_bench_acceptance.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from tiny_chat_target import B, save_tiny_chat_target, save_tiny_drafters, write_tiny_eval_sets
+from tiny_chat_target import B
 
 from dspark_sglang.bench.acceptance import (
     AcceptanceReport,
@@ -28,39 +27,13 @@ from dspark_sglang.bench.acceptance import (
     load_proposer,
     measure_acceptance,
 )
+from dspark_sglang.model.discovery import resolve_checkpoint
 from dspark_sglang.reference.generator import ReferenceGenerator
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.training.discovery import resolve_checkpoint
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_chat_target(tmp_path_factory.mktemp("models") / "tiny-chat")
-
-
-@pytest.fixture(scope="module")
-def target(target_dir: Path) -> HFTarget:
-    return HFTarget(target_dir)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(target: HFTarget, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return save_tiny_drafters(target, tmp_path_factory.mktemp("runs"))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_eval_sets(tmp_path_factory.mktemp("cache"))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --------------------------------------------------------------------------- unit figures
@@ -104,29 +77,30 @@ def test_report_macro_and_gains() -> None:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def test_resolve_checkpoint_kinds_and_layouts(checkpoints: dict[str, Path]) -> None:
-    ds = resolve_checkpoint("dspark", checkpoints["dspark"])
+def test_resolve_checkpoint_kinds_and_layouts(tiny_drafters: dict[str, Path]) -> None:
+    ds = resolve_checkpoint("dspark", tiny_drafters["dspark"])
     assert ds.kind == "dspark" and ds.block_size == B
     assert ds.folder.parent.name == "step-000004"  # the run's latest checkpoint
     assert ds.config_sha256 == hashlib.sha256(ds.config_file.read_bytes()).hexdigest()
-    assert resolve_checkpoint("f", checkpoints["dflash"]).kind == "dflash"
-    assert resolve_checkpoint("a", checkpoints["ar"]).kind == "ar"
+    assert resolve_checkpoint("f", tiny_drafters["dflash"]).kind == "dflash"
+    assert resolve_checkpoint("a", tiny_drafters["ar"]).kind == "ar"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        resolve_checkpoint("x", checkpoints["ar"] / "nope")
+        resolve_checkpoint("x", tiny_drafters["ar"] / "nope")
     with pytest.raises(ValueError, match="unknown drafter kind"):
-        resolve_checkpoint("x", checkpoints["dspark"].parent)  # no drafter config at all
+        resolve_checkpoint("x", tiny_drafters["dspark"].parent)  # no drafter config at all
 
 
 # --------------------------------------------------------------------------- measurement
 
 
 def test_cell_equals_an_independent_generator_run(
-    target: HFTarget, checkpoints: dict[str, Path], cache_dir: Path
+    tiny_chat_model: HFTarget, tiny_drafters: dict[str, Path], tiny_eval_cache: Path
 ) -> None:
-    prompts = load_eval_prompts(target, ["gsm8k", "mtbench"], 2, cache_dir=cache_dir)
+    target = tiny_chat_model
+    prompts = load_eval_prompts(target, ["gsm8k", "mtbench"], 2, cache_dir=tiny_eval_cache)
     assert [len(p) for p in prompts.values()] == [2, 2]
     proposers = {
-        n: load_proposer(resolve_checkpoint(n, checkpoints[n]), target) for n in ("dspark", "ar")
+        n: load_proposer(resolve_checkpoint(n, tiny_drafters[n]), target) for n in ("dspark", "ar")
     }
     rep = measure_acceptance(target, proposers, prompts, 2, 10, seed=3)
     for name, prop in proposers.items():
@@ -151,7 +125,7 @@ def test_cell_equals_an_independent_generator_run(
             got = [list(r) for r in rep0.cells[name][dom].accepted]
             assert got == [[a for _, a in r] for r in res.rounds]
     # A skipped split continues where the first one stopped (disjoint STS fit/eval splits).
-    later = load_eval_prompts(target, ["gsm8k"], 1, cache_dir=cache_dir, skip=1)
+    later = load_eval_prompts(target, ["gsm8k"], 1, cache_dir=tiny_eval_cache, skip=1)
     assert later["gsm8k"] == prompts["gsm8k"][1:2]
     assert rep.cells["ar"]["gsm8k"].confidence_logits is None
     z = rep.cells["dspark"]["gsm8k"].confidence_logits

@@ -1,64 +1,42 @@
 """``dspark-sglang bench acceptance`` end to end on a tiny random Llama chat target (fast).
 
-Target, drafters and eval sets come from ``tiny_chat_target``. Covers: the JSON's
-settings, checkpoints, versions and figures follow from its per-round records, the
-PNG, traces and rollouts readable by their own loaders, and flag errors that name
-the flag. The measurement itself is tested in ``tests/bench/test_bench_acceptance.py``.
+Target, drafters and eval sets are the suite's tiny-chat fixtures (``tests/conftest.py``,
+built by ``tiny_chat_target``). Covers: the JSON's settings, checkpoints, versions and
+figures follow from its per-round records, the PNG, traces and rollouts readable by
+their own loaders, and flag errors that name the flag. The measurement itself is tested
+in ``tests/bench/test_bench_acceptance.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_chat_target import B, save_tiny_chat_target, save_tiny_drafters, write_tiny_eval_sets
+from tiny_chat_target import B
 
 from dspark_sglang.calibration.rollouts import load_rollouts
 from dspark_sglang.cli import main
 from dspark_sglang.planning.traces import load_traces
 from dspark_sglang.results import local_path
-from dspark_sglang.targets.hf_target import HFTarget
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_chat_target(tmp_path_factory.mktemp("models") / "tiny-chat")
-
-
-@pytest.fixture(scope="module")
-def checkpoints(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return save_tiny_drafters(HFTarget(target_dir), tmp_path_factory.mktemp("runs"))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_eval_sets(tmp_path_factory.mktemp("cache"))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_cli_end_to_end(
-    target_dir: Path,
-    checkpoints: dict[str, Path],
-    cache_dir: Path,
+    tiny_chat_dir: Path,
+    tiny_drafters: dict[str, Path],
+    tiny_eval_cache: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("DSPARK_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tiny_eval_cache))
     out, plot, traces = tmp_path / "r" / "acc.json", tmp_path / "r" / "acc.png", tmp_path / "tr"
-    argv = ["bench", "acceptance", "--target", str(target_dir), "--num-prompts", "2"]
+    argv = ["bench", "acceptance", "--target", str(tiny_chat_dir), "--num-prompts", "2"]
     for name in ("dspark", "dflash", "ar"):
-        argv += ["--drafter", f"{name}={checkpoints[name]}"]
+        argv += ["--drafter", f"{name}={tiny_drafters[name]}"]
     argv += ["--max-new-tokens", "12", "--seed", "5", "--out", str(out), "--plot", str(plot)]
     assert main([*argv, "--traces-dir", str(traces)]) == 0
 
@@ -129,12 +107,12 @@ def _err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]
 
 
 def test_cli_errors_name_the_flag(
-    checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_drafters: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ar = f"ar={checkpoints['ar']}"
+    ar = f"ar={tiny_drafters['ar']}"
     cases = [
         ([], "--drafter"),
-        (["--drafter", str(checkpoints["ar"])], "NAME=PATH"),
+        (["--drafter", str(tiny_drafters["ar"])], "NAME=PATH"),
         (["--drafter", f"x={tmp_path / 'missing'}"], "does not exist"),
         (["--drafter", ar, "--drafter", ar], "given twice"),
         (["--drafter", ar, "--num-prompts", "0"], "--num-prompts must be >= 1"),
@@ -142,8 +120,8 @@ def test_cli_errors_name_the_flag(
         (["--drafter", ar, "--eval-sets", "gsm8k,nope"], "--eval-sets"),
         (["--drafter", ar, "--temperature", "-0.5"], "--temperature must be a finite number"),
         (["--drafter", ar, "--temperature", "nan"], "--temperature must be a finite number"),
-        (["--drafter", f"x={checkpoints['dspark'].parent}"], "unknown drafter kind"),
-        (["--drafter", f"x={checkpoints['ar']}", "--target", str(tmp_path / "t")], "--target"),
+        (["--drafter", f"x={tiny_drafters['dspark'].parent}"], "unknown drafter kind"),
+        (["--drafter", f"x={tiny_drafters['ar']}", "--target", str(tmp_path / "t")], "--target"),
     ]
     for argv, needle in cases:
         rc, err = _err(capsys, argv)

@@ -1,10 +1,13 @@
-"""Shared inputs for the planning tests: a staircase cost table and synthetic traces."""
+"""Shared inputs for the planning tests: synthetic traces and request lengths.
+
+The staircase cost table (``table``) is a suite fixture (``tests/conftest.py``): the
+``simulate`` and ``plan`` command tests use the same one.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from synthetic_inputs import staircase
 
 from dspark_sglang.planning.traces import (
     AcceptanceTraces,
@@ -12,14 +15,8 @@ from dspark_sglang.planning.traces import (
     synthetic_traces,
 )
 from dspark_sglang.planning.workload import LengthDistribution, default_lengths
-from dspark_sglang.scheduling.cost_table import SpsCostTable
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def table() -> SpsCostTable:
-    return staircase()
 
 
 @pytest.fixture(scope="session")
