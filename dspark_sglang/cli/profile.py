@@ -2,8 +2,11 @@
 
 Times engine steps at a grid of forward batch sizes (``profiling/measure.py``) and
 writes SGLang cost tables, their ConfigMaps and plots: for this node, or for every
-node of a Ray cluster with ``--ray-address`` (``profiling/fleet.py``). ``--rerender``
-rebuilds the files of an existing profile without measuring.
+node of a Ray cluster with ``--ray-address`` (``profiling/fleet.py``). ``--publish``
+creates each table's immutable, content-named ConfigMap and prints the pin a chart tier
+needs (``costTable: {hardwareGroup, version}``). ``--rerender`` rebuilds the files of an
+existing profile without measuring; ``--prune`` lists published ConfigMaps no kept
+release revision mounts.
 """
 
 from __future__ import annotations
@@ -80,7 +83,34 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-name", default=None, help="local mode: name of this node")
     g.add_argument("--no-plot", action="store_true")
     g.add_argument("--namespace", default="default", help="ConfigMap namespace")
-    g.add_argument("--publish", action="store_true", help="create/replace the ConfigMaps")
+    g.add_argument(
+        "--publish",
+        action="store_true",
+        help="create each table's immutable ConfigMap dspark-cost-table-<hw>-<model>-tp<N>-"
+        "<version> (never replaces one; the same table again is a no-op) and print the "
+        "costTable pin (hardwareGroup, version) for the chart",
+    )
+    g = p.add_argument_group("prune (measure nothing)")
+    g.add_argument(
+        "--prune",
+        type=Path,
+        default=None,
+        metavar="CONFIGMAPS_YAML",
+        help="print the versioned cost-table/STS ConfigMaps in this file (kubectl get "
+        "configmap -l dspark-sglang.io/content-hash -o yaml) that no --keep manifest "
+        "mounts, one name per line",
+    )
+    g.add_argument(
+        "--keep",
+        type=Path,
+        action="extend",
+        nargs="+",
+        default=None,
+        metavar="RELEASE_MANIFEST",
+        help="with --prune: rendered manifests of the release revisions that can still be "
+        "rolled back to (helm get manifest REL --revision N), one file each, for every kept "
+        "revision of every release in the namespace",
+    )
     g = p.add_argument_group("fleet (Ray)")
     g.add_argument("--ray-address", default=None, help="profile every node of this cluster")
     g.add_argument(
@@ -131,9 +161,60 @@ def job_from_args(args: argparse.Namespace):  # -> ProfileJob
     )
 
 
+def _pin_lines(groups) -> list[str]:  # groups: iterable of fleet.GroupOutput
+    """One line per group: its versioned ConfigMap, whether it was published, and the
+    chart pin (``costTable: {hardwareGroup, version}``) that mounts it."""
+    import yaml
+
+    from dspark_sglang.profiling.configmap import pin_of
+
+    lines = []
+    for g in groups:
+        manifest = yaml.safe_load(Path(g.configmap).read_text(encoding="utf-8"))
+        state = f"published ({g.published})" if g.published else f"not published ({g.configmap})"
+        lines.append(
+            f"[profile] ConfigMap {manifest['metadata']['name']} {state}; "
+            f"pin: costTable: {json.dumps(pin_of(manifest))}"
+        )
+    return lines
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from dspark_sglang.profiling.configmap import load_manifests, unreferenced_configmaps
+
+    if not args.keep:
+        print(
+            "dspark-sglang profile --prune: pass --keep RELEASE_MANIFEST for every kept "
+            "release revision (helm get manifest REL --revision N); without them every "
+            "published table looks unused",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        published = load_manifests(args.prune.read_text(encoding="utf-8"))
+        revisions = [load_manifests(k.read_text(encoding="utf-8")) for k in args.keep]
+        names = unreferenced_configmaps(published, revisions)
+    except (OSError, ValueError) as exc:
+        print(f"dspark-sglang profile --prune: {exc}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(name)
+    print(
+        f"[profile] {len(names)} published ConfigMap(s) mounted by none of "
+        f"{len(revisions)} release revision(s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.profiling.fleet import FleetConfig, _write_groups
 
+    if args.prune is not None:
+        return _prune(args)
+    if args.keep:
+        print("dspark-sglang profile: --keep needs --prune", file=sys.stderr)
+        return 2
     if args.rerender is not None:
         from dspark_sglang.profiling.rerender import rerender
 
@@ -175,7 +256,19 @@ def _run(args: argparse.Namespace) -> int:
         prof = run_job(job, node, progress)
         groups = _write_groups({node: prof}, cfg)
         for g in groups:
-            print(json.dumps({"table": str(g.table), "meta": str(g.meta), "plot": str(g.plot)}))
+            print(
+                json.dumps(
+                    {
+                        "table": str(g.table),
+                        "meta": str(g.meta),
+                        "plot": str(g.plot),
+                        "configmap": str(g.configmap),
+                        "published": g.published,
+                    }
+                )
+            )
+        for line in _pin_lines(groups):
+            print(line, file=sys.stderr)
         return 0
     return _run_fleet(args, cfg)
 
@@ -196,6 +289,9 @@ def _run_fleet(args: argparse.Namespace, cfg) -> int:  # cfg: FleetConfig
     finally:
         ray.shutdown()
     print(json.dumps(result.to_dict(), indent=2))
+    # The job log's last word: what each group published and how a tier pins it.
+    for line in _pin_lines(result.groups):
+        print(line, file=sys.stderr, flush=True)
     for f in result.failures:
         print(f"[profile] node {f.node} FAILED: {f.reason}", file=sys.stderr)
     for g in result.groups:

@@ -314,8 +314,11 @@ def mounted_configmap(
     raise AssertionError(f"nothing mounted at {path}")
 
 
-def profiler_configmap_name(values: dict[str, Any], hardware_group: str, tp: int) -> str:
-    """The name `dspark-sglang profile` publishes for this chart's model at this TP.
+def profiler_configmap_name(
+    values: dict[str, Any], hardware_group: str, tp: int, version: str | None = None
+) -> str:
+    """The name `dspark-sglang profile` publishes for this chart's model at this TP (with
+    ``version``, the content hash a tier pins; without, the unversioned legacy name).
 
     The model slug is the profiler's own derivation (``ProfileJob.slug`` from ``--model``
     = targetPath and ``--model-slug`` = model.slug), not the chart's, so the test links
@@ -330,7 +333,7 @@ def profiler_configmap_name(values: dict[str, Any], hardware_group: str, tp: int
         model_slug=values["model"].get("slug") or None,
         grid=GridSpec(max_tokens=8),
     )
-    return configmap_name(hardware_group, job.slug, tp)
+    return configmap_name(hardware_group, job.slug, tp, version)
 
 
 @pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)
@@ -387,7 +390,9 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
                 got = yaml.safe_load(index[("ConfigMap", cm_name)]["data"]["sps.json"])
                 assert got == cost["inline"]
             elif "hardwareGroup" in cost:
-                expected = profiler_configmap_name(values, cost["hardwareGroup"], tier["tp"])
+                expected = profiler_configmap_name(
+                    values, cost["hardwareGroup"], tier["tp"], cost.get("version")
+                )
                 assert (cm_name, key) == (expected, "sps.json")
             else:
                 assert cm_name == cost["configMapName"]
@@ -397,7 +402,8 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
                 got = yaml.safe_load(index[("ConfigMap", cm_name)]["data"]["sts.json"])
                 assert got == sts["inline"]
             else:
-                assert (cm_name, key) == (sts["configMapName"], sts.get("key", "sts.json"))
+                expected = sts["configMapName"] + (f"-{sts['version']}" if "version" in sts else "")
+                assert (cm_name, key) == (expected, sts.get("key", "sts.json"))
 
 
 @pytest.mark.parametrize("values_file", SHIPPED, ids=SHIPPED_IDS)

@@ -18,7 +18,12 @@ from dspark_sglang.profiling.artifacts import (
     write_group,
 )
 from dspark_sglang.profiling.backend import BackendInfo
-from dspark_sglang.profiling.configmap import build_configmap, configmap_name, profile_id
+from dspark_sglang.profiling.configmap import (
+    build_configmap,
+    configmap_name,
+    content_version,
+    profile_id,
+)
 from dspark_sglang.profiling.hardware import HardwareFingerprint, detect_fingerprint
 from dspark_sglang.profiling.measure import GridSpec, MeasureConfig, Probe
 from dspark_sglang.scheduling.cost_table import CostTableError, load_cost_table
@@ -131,7 +136,9 @@ def test_configmap_manifest_is_valid_kubernetes(tmp_path: Path) -> None:
     paths = write_group(tmp_path, g, plot=False)
     meta = json.loads(paths.meta.read_text())
     cm = build_configmap(g.group, paths.table.read_text(), meta, namespace="serving")
-    assert cm["metadata"]["name"] == "dspark-cost-table-cuda-nvidia-h200-8x-m-tp1"
+    version = content_version(paths.table.read_text())
+    assert cm["metadata"]["name"] == f"dspark-cost-table-cuda-nvidia-h200-8x-m-tp1-{version}"
+    assert cm["immutable"] is True
     assert cm["metadata"]["labels"]["dspark-sglang.io/tp"] == "1"
     assert cm["data"]["sps.json"] == paths.table.read_text()
     SGLangSpsCostTable.from_json(cm["data"]["sps.json"])
@@ -161,7 +168,7 @@ def test_tp4_and_tp8_of_one_hardware_group_get_distinct_configmaps(tmp_path: Pat
         paths = write_group(tmp_path, g, plot=False)
         meta = json.loads(paths.meta.read_text())
         manifests[tp] = build_configmap(g.group, paths.table.read_text(), meta)
-    names = {tp: cm["metadata"]["name"] for tp, cm in manifests.items()}
+    names = {tp: cm["metadata"]["name"].rsplit("-", 1)[0] for tp, cm in manifests.items()}
     assert names == {
         4: "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp4",
         8: "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
@@ -175,7 +182,7 @@ def test_tp4_and_tp8_of_one_hardware_group_get_distinct_configmaps(tmp_path: Pat
     cm = build_configmap(
         other_model.group, paths.table.read_text(), json.loads(paths.meta.read_text())
     )
-    assert cm["metadata"]["name"] not in names.values()
+    assert cm["metadata"]["name"].rsplit("-", 1)[0] not in names.values()
 
 
 def test_configmap_name_rejects_what_cannot_name_a_table(tmp_path: Path) -> None:

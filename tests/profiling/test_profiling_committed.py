@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -95,10 +96,14 @@ def test_committed_configmap_is_what_the_code_builds(table_path: Path) -> None:
         f"{cm_path} is stale; regenerate with DSPARK_UPDATE_GOLDEN=1 python -m pytest "
         "tests/profiling -k committed_configmap and review the diff"
     )
-    # The contract the Helm chart relies on, spelled out rather than re-derived.
+    # The contract the Helm chart relies on, spelled out rather than re-derived: the name
+    # ends in the first 10 hex digits of the SHA-256 of the table file's bytes.
+    version = hashlib.sha256(table_path.read_bytes()).hexdigest()[:10]
     assert committed["metadata"]["name"] == (
-        f"dspark-cost-table-{table_path.parent.name}-smollm2-135m-instruct-tp1"
+        f"dspark-cost-table-{table_path.parent.name}-smollm2-135m-instruct-tp1-{version}"
     )
     assert committed["metadata"]["labels"]["dspark-sglang.io/tp"] == "1"
+    assert committed["metadata"]["labels"]["dspark-sglang.io/content-hash"] == version
+    assert committed["immutable"] is True
     assert committed["data"]["sps.json"] == text
     assert json.loads(committed["data"]["sps.meta.json"]) == meta

@@ -21,11 +21,13 @@ def test_core_objects_validate_strictly() -> None:
     import kubernetes_validate
 
     core = [d for d in _docs() if d["apiVersion"] != "ray.io/v1"]
-    assert {d["kind"] for d in core} == {"ServiceAccount", "Role", "RoleBinding"}
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim"}
+    assert {d["kind"] for d in core} == kinds
     for doc in core:
         kubernetes_validate.validate(doc, "1.30.0", strict=True)
     role = next(d for d in core if d["kind"] == "Role")
-    assert set(role["rules"][0]["verbs"]) >= {"get", "create", "update"}  # create-or-replace
+    # Publishing reads and creates; it never replaces a table (versions are immutable).
+    assert set(role["rules"][0]["verbs"]) == {"get", "create"}
 
 
 def test_rayjob_runs_the_fleet_profiler_one_worker_per_node() -> None:
@@ -46,6 +48,13 @@ def test_rayjob_runs_the_fleet_profiler_one_worker_per_node() -> None:
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
     env = {e["name"]: e["value"] for e in worker["containers"][0]["env"]}
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
-    head_sa = cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    head_sa = head["serviceAccountName"]
+    # The driver runs on the head: its --out is the PVC it publishes from, not the pod's /tmp.
+    (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["mountPath"] == "/profiles"]
+    (vol,) = [v for v in head["volumes"] if v["name"] == mount["name"]]
+    pvc = next(d for d in _docs() if d["kind"] == "PersistentVolumeClaim")
+    assert vol["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert args.out == Path("/profiles") and not str(args.out).startswith("/tmp")
     binding = next(d for d in _docs() if d["kind"] == "RoleBinding")
     assert binding["subjects"][0]["name"] == head_sa  # the driver may publish ConfigMaps

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable as SGLangSpsCostTable
 
-from dspark_sglang.profiling.configmap import configmap_name
+from dspark_sglang.profiling.configmap import configmap_name, content_version
 from dspark_sglang.profiling.fleet import FleetConfig, NodeTarget, _write_groups, resource_targets
 from dspark_sglang.profiling.job import ProfileJob
 from dspark_sglang.profiling.measure import GridSpec
@@ -89,8 +89,13 @@ def test_nodes_profile_smollm2_and_tables_load_in_sglang(fleet_runs: dict[str, A
         assert per_node.lookup(8) > 0
     cm = yaml.safe_load(Path(group["configmap"]).read_text())
     assert cm["kind"] == "ConfigMap"
-    assert cm["metadata"]["name"] == configmap_name(group["group"], meta["model"], meta["tp_size"])
-    assert cm["metadata"]["name"] == f"dspark-cost-table-{group['group']}-smollm2-135m-instruct-tp1"
+    version = content_version(table_text)
+    assert cm["metadata"]["name"] == configmap_name(
+        group["group"], meta["model"], meta["tp_size"], version
+    )
+    assert cm["metadata"]["name"] == (
+        f"dspark-cost-table-{group['group']}-smollm2-135m-instruct-tp1-{version}"
+    )
     assert cm["data"]["sps.json"] == table_text
 
 
@@ -159,8 +164,9 @@ def test_runs_for_tp4_and_tp8_on_one_group_publish_two_configmaps(tmp_path: Path
     assert [o.group for o in outs] == ["cuda-nvidia-h200-8x"] * 2
     cms = [yaml.safe_load(o.configmap.read_text()) for o in outs]  # the tp4 file survived
     assert [cm["metadata"]["name"] for cm in cms] == [
-        "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp4",
-        "dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp8",
+        f"dspark-cost-table-cuda-nvidia-h200-8x-qwen3-235b-a22b-tp{tp}-"
+        + content_version(o.table.read_text())
+        for tp, o in zip((4, 8), outs, strict=True)
     ]
     for o, cm in zip(outs, cms, strict=True):
         assert o.configmap.name == o.table.stem + ".configmap.yaml"

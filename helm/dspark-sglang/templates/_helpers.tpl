@@ -133,6 +133,12 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- if and $t.autoscaling.enabled (lt (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
 {{- fail (printf "%s: autoscaling.maxReplicas=%d < minReplicas=%d" $where (int $t.autoscaling.maxReplicas) (int $t.autoscaling.minReplicas)) -}}
 {{- end -}}
+{{- if and $t.costTable.version (not $t.costTable.hardwareGroup) -}}
+{{- fail (printf "%s: costTable.version pins a table the profiler published for costTable.hardwareGroup; set hardwareGroup (with configMapName give the full versioned name instead)" $where) -}}
+{{- end -}}
+{{- if and $t.sts.version (not $t.sts.configMapName) -}}
+{{- fail (printf "%s: sts.version pins calibration's <sts.configMapName>-<version>; set sts.configMapName to calibration.configMapName (inline STS needs no version)" $where) -}}
+{{- end -}}
 {{- $cm := include "dspark.costTableConfigMap" (dict "root" $ "t" $t) -}}
 {{- if gt (len $cm) 253 -}}
 {{- fail (printf "%s: cost-table ConfigMap name %q is %d characters, over Kubernetes' 253; set a shorter model.slug (and profile with the same --model-slug)" $where $cm (len $cm)) -}}
@@ -168,15 +174,20 @@ it from --model (lowercase, runs of anything but [a-z0-9] -> "-", no edge dashes
 
 {{/*
 args: dict "root" $ "t" $tier -> name of the ConfigMap holding sps.json.
-hardwareGroup resolves to the profiler's dspark-cost-table-<hardware>-<model>-tp<N>
+hardwareGroup + version resolves to the profiler's immutable, content-named
+dspark-cost-table-<hardware>-<model>-tp<N>-<version>
 (dspark_sglang.profiling.configmap.configmap_name): a table is only valid for the model
-and TP degree it was measured with, and the tier serves model.* at its own tp.
+and TP degree it was measured with, and the tier serves model.* at its own tp. The
+version pins one published table, so each release revision mounts the table it was
+deployed with and `helm rollback` brings the previous one back. Without version: the
+unversioned dspark-cost-table-<hardware>-<model>-tp<N> of hand-published or
+pre-versioning tables (the profiler no longer publishes that name).
 */}}
 {{- define "dspark.costTableConfigMap" -}}
 {{- $c := .t.costTable -}}
 {{- if $c.inline -}}{{ include "dspark.tierName" . }}-cost-table
 {{- else if $c.configMapName -}}{{ $c.configMapName }}
-{{- else -}}dspark-cost-table-{{ $c.hardwareGroup }}-{{ include "dspark.modelSlug" .root }}-tp{{ int .t.tp }}
+{{- else -}}dspark-cost-table-{{ $c.hardwareGroup }}-{{ include "dspark.modelSlug" .root }}-tp{{ int .t.tp }}{{ with $c.version }}-{{ . }}{{ end }}
 {{- end -}}
 {{- end -}}
 
@@ -184,9 +195,10 @@ and TP degree it was measured with, and the tier serves model.* at its own tp.
 {{- if .t.costTable.inline -}}sps.json{{- else -}}{{ default "sps.json" .t.costTable.key }}{{- end -}}
 {{- end -}}
 
+{{/* sts.configMapName + version -> calibration's immutable <configMapName>-<version>. */}}
 {{- define "dspark.stsConfigMap" -}}
 {{- if .t.sts.inline -}}{{ include "dspark.tierName" . }}-sts
-{{- else -}}{{ .t.sts.configMapName }}
+{{- else -}}{{ .t.sts.configMapName }}{{ with .t.sts.version }}-{{ . }}{{ end }}
 {{- end -}}
 {{- end -}}
 
