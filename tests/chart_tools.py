@@ -25,20 +25,29 @@ NAMESPACE = "llm"
 Manifest = dict[str, Any]
 
 
-def helm_bin() -> str:
-    """The pinned helm binary; missing means the dev setup was skipped, which is an error."""
-    env = os.environ.get("DSPARK_HELM")
+def _pinned_tool(name: str, env_var: str) -> str:
+    env = os.environ.get(env_var)
     cache = Path(
         os.environ.get("DSPARK_CACHE_DIR")
         or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-sglang"
     )
-    path = Path(env) if env else cache / "bin" / "helm"
+    path = Path(env) if env else cache / "bin" / name
     if not (path.is_file() and os.access(path, os.X_OK)):
         pytest.fail(
-            f"helm not found at {path}: run `bash scripts/setup.sh` "
-            "(or `bash scripts/install_helm.sh`), or point $DSPARK_HELM at a helm v4 binary"
+            f"{name} not found at {path}: run `bash scripts/setup.sh` "
+            f"(or `bash scripts/install_helm.sh`), or point ${env_var} at a {name} binary"
         )
     return str(path)
+
+
+def helm_bin() -> str:
+    """The pinned helm binary; missing means the dev setup was skipped, which is an error."""
+    return _pinned_tool("helm", "DSPARK_HELM")
+
+
+def kubectl_bin() -> str:
+    """The pinned kubectl binary (installed beside helm by ``scripts/install_helm.sh``)."""
+    return _pinned_tool("kubectl", "DSPARK_KUBECTL")
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,9 +1,15 @@
 """``dspark-sglang calibrate``: fit STS temperatures from recorded rollouts.
 
 Writes the SGLang-compatible STS JSON (``--speculative-dspark-confidence-sts-path``),
-prints the per-position ECE/AUC table (on ``--eval-rollouts`` too, when given) and
-optionally a report JSON and a reliability diagram, so one command turns recorded
-rounds into a deployable calibration (``calibration/sts.py`` does the fitting).
+prints the per-position table (temperature, ECE and AUC before/after; on
+``--eval-rollouts`` too, when given) and optionally a report JSON and a reliability
+diagram, so one command turns recorded rounds into a deployable calibration
+(``calibration/sts.py`` does the fitting).
+
+AUC before is the conditional AUC of the raw logit (``StsFit.auc``); AUC after is the
+same statistic of the calibrated confidence ``sigmoid(z / T)`` in float32. Temperature
+scaling preserves order, so the two agree unless a tiny temperature saturates confidences
+at exactly 1.0, which the runbook (deploy/runbooks/recalibrate-sts.md) checks for.
 """
 
 from __future__ import annotations
@@ -11,11 +17,20 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dspark_sglang.cli.base import Command
 
+if TYPE_CHECKING:  # torch loads only when the command runs (fast --help)
+    import torch
+
 MAX_GRID_STEPS = 10_000  # a 0.06 % step over the default 0.05..20; the fit is linear in it
+
+#: ``bench acceptance --traces-dir`` writes planner traces next to the rollouts; a trace
+#: file given to ``--rollouts`` fails on its first extra field with this text.
+_TRACE_FIELD_ERROR = "unknown field `request_id`"
 
 
 def _grid_steps(text: str) -> int:
@@ -86,6 +101,52 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def calibrated_aucs(
+    logits: torch.Tensor,
+    accepted: torch.Tensor,
+    verified: torch.Tensor | None,
+    temperatures: Sequence[float],
+) -> tuple[float, ...]:
+    """Per-position conditional AUC of the calibrated confidence ``sigmoid(z_k / T_k)``.
+
+    Same rounds and outcome as ``StsFit.auc`` (draft ``k`` accepted, among rounds whose
+    earlier drafts passed and that verified draft ``k``), scored on the float32
+    confidence the STS file produces instead of the raw logit.
+    """
+    import torch
+
+    from dspark_sglang.calibration.sts import _conditional_auc
+
+    z = logits.to(torch.float32)
+    temps = torch.as_tensor(list(temperatures), dtype=torch.float32)
+    conf = torch.sigmoid(z / temps)
+    return tuple(_conditional_auc(conf[:, k], accepted, verified, k)[0] for k in range(z.shape[1]))
+
+
+def auc_table(
+    ece_before: Sequence[float],
+    ece_after: Sequence[float],
+    auc_before: Sequence[float],
+    auc_after: Sequence[float],
+    num_tested: Sequence[int],
+    temperatures: Sequence[float],
+    summary: str,
+) -> str:
+    """One row per draft position (1-based): T, ECE before/after, AUC before/after, n."""
+    head = (
+        f"{'pos':>3}  {'T':>8}  {'ECE before':>10}  {'ECE after':>9}  "
+        f"{'AUC before':>10}  {'AUC after':>9}  {'n':>8}"
+    )
+    lines = [head]
+    rows = zip(temperatures, ece_before, ece_after, auc_before, auc_after, num_tested, strict=True)
+    for k, (t, eb, ea, ab, aa, n) in enumerate(rows, start=1):
+        lines.append(
+            f"{k:>3}  {t:>8.4f}  {eb:>10.4f}  {ea:>9.4f}  {ab:>10.4f}  {aa:>9.4f}  {n:>8d}"
+        )
+    lines.append(summary)
+    return "\n".join(lines)
+
+
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.calibration.rollouts import load_rollouts
     from dspark_sglang.calibration.sts import default_grid, evaluate_sts, fit_sts
@@ -122,8 +183,28 @@ def _run(args: argparse.Namespace) -> int:
                 n_bins=args.n_bins,
                 verified=held_data.verified,
             )
+        fit_auc_after = calibrated_aucs(
+            data.confidence_logits, data.accepted, data.verified, fit.temperatures
+        )
+        held_auc_after = (
+            None
+            if held is None
+            else calibrated_aucs(
+                held_data.confidence_logits,
+                held_data.accepted,
+                held_data.verified,
+                fit.temperatures,
+            )
+        )
     except ValueError as exc:
-        print(f"calibrate: error: {exc}", file=sys.stderr)
+        hint = ""
+        if _TRACE_FIELD_ERROR in str(exc):
+            hint = (
+                " (this is a planner trace file: `bench acceptance --traces-dir DIR` writes "
+                "those as DIR/<drafter>/<set>.jsonl; calibrate reads the rollouts beside "
+                "them, DIR/<drafter>/rollouts_<set>.jsonl)"
+            )
+        print(f"calibrate: error: {exc}{hint}", file=sys.stderr)
         return 2
     dataset = (
         args.dataset
@@ -132,11 +213,34 @@ def _run(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fit.to_calibration(dataset).save(args.out)
+    mean_b = sum(fit.ece_before) / len(fit.ece_before)
+    mean_a = sum(fit.ece_after) / len(fit.ece_after)
     print("fit split:")
-    print(fit.table())
-    if held is not None:
+    print(
+        auc_table(
+            fit.ece_before,
+            fit.ece_after,
+            fit.auc,
+            fit_auc_after,
+            fit.num_tested,
+            fit.temperatures,
+            f"mean ECE before {mean_b:.4f}, after {mean_a:.4f}; {fit.num_samples} rounds",
+        )
+    )
+    if held is not None and held_auc_after is not None:
         print("held-out split:")
-        print(held.table())
+        print(
+            auc_table(
+                held.ece_before,
+                held.ece_after,
+                held.auc,
+                held_auc_after,
+                held.num_tested,
+                fit.temperatures,
+                f"held-out mean ECE before {held.mean_ece_before:.4f}, after "
+                f"{held.mean_ece_after:.4f}; {held.num_samples} rounds",
+            )
+        )
     print(f"wrote {args.out}")
     if args.report is not None:
         report = {
@@ -148,9 +252,12 @@ def _run(args: argparse.Namespace) -> int:
                 "ece_before": list(fit.ece_before),
                 "ece_after": list(fit.ece_after),
                 "auc": list(fit.auc),
+                "auc_after": list(fit_auc_after),
                 "num_samples": fit.num_samples,
             },
-            "held_out": None if held is None else held.to_dict(),
+            "held_out": None
+            if held is None or held_auc_after is None
+            else {**held.to_dict(), "auc_after": list(held_auc_after)},
         }
         dump_json(args.report, report)
         print(f"wrote {args.report}")

@@ -63,7 +63,7 @@ def _get() -> dict[str, Any]:
             ),
             fallback=Counter(
                 "dspark_fallback",  # exposed as dspark_fallback_total
-                "Decode steps that fell back to plain decoding",
+                "Decode steps that fell back to plain decoding (each is also a dspark_rounds step)",
                 ["reason"],
             ),
             rounds=Counter("dspark_rounds", "DSpark verify rounds (decode steps)"),
