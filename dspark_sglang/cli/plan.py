@@ -1,9 +1,12 @@
-"""``dspark-sglang plan``: SLA targets -> a Helm values file, one ``slaTiers`` entry per SLA.
+"""``dspark-sglang plan``: SLA targets -> chart values, edited onto the values a release runs.
 
-For each ``--sla`` (tokens/s per user) the planner (``planning/planner.py``) picks
-the scheduling policy and the largest admission cap whose simulated p50 and p90
-per-user speed still meet it, on the given cost table and acceptance traces, and
-writes the values file the chart accepts, so sizing a deployment is one command.
+For each ``--sla`` (tokens/s per user) the planner (``planning/planner.py``) picks the
+scheduling policy and the largest admission cap whose simulated p50 and p90 per-user
+speed still meet it, on the given cost table and acceptance traces. With
+``--base-values`` (the live values, ``helm get values``) each SLA is written onto its tier
+(``planning/values_edit.py``): names, model paths and every unrelated key stay, so the
+output is safe to apply with ``helm upgrade -f``; ``--diff`` prints what changes, and a
+load (``--users``/``--rps``) turns into replicas.
 """
 
 from __future__ import annotations
@@ -14,6 +17,41 @@ from pathlib import Path
 
 from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers
 
+EPILOG = """\
+retune the tiers of a running release (deploy/runbooks/sla-tier-tuning.md):
+  helm get values $REL -n $NS -o yaml > live-values.yaml
+  kubectl -n $NS get configmap <the tier's cost-table ConfigMap> -o yaml > live-table.yaml
+  dspark-sglang plan --profile live-table.yaml --traces traces.jsonl --sts sts.json \\
+      --sla 120,80 --base-values live-values.yaml --users interactive=64,standard=200 \\
+      --diff --out values-planned.yaml
+  helm upgrade $REL $CHART -n $NS -f values-planned.yaml
+
+Each SLA lands on the base tier whose minTokensPerSecPerUser equals it; --tier SLA=NAME
+chooses another (a new name adds a tier). The profile must carry its metadata (a
+.meta.json beside the table, or the ConfigMap's sps.meta.json): plan refuses a tier whose
+tp, hardware group or model differs from the profile's, naming both.
+"""
+
+
+def _pairs(text: str | None, flag: str, value_type: type) -> dict[str, float]:
+    """``a=1,b=2`` -> ``{"a": 1.0, "b": 2.0}``, refusing malformed or repeated keys."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        try:
+            v = value_type(value)
+        except ValueError:
+            v = None
+        if not sep or not key or v is None:
+            raise ValueError(f"{flag} {item!r}: expected NAME=NUMBER, e.g. {flag} interactive=64")
+        if key in out:
+            raise ValueError(f"{flag}: {key} is given twice")
+        out[key] = v
+    return out
+
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_arguments(p)
@@ -23,6 +61,36 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("values-planned.yaml"),
         help="Helm values file to write (default values-planned.yaml)",
+    )
+    p.add_argument(
+        "--base-values",
+        type=Path,
+        default=None,
+        help="the release's values (`helm get values $REL -o yaml`): the plan edits a copy, "
+        "keeping tier names, model paths and every key it does not decide",
+    )
+    p.add_argument(
+        "--tier",
+        default=None,
+        help="SLA=NAME,...: the tier each SLA retunes (default: the base tier whose "
+        "minTokensPerSecPerUser equals the SLA; without --base-values, sla-<N>)",
+    )
+    p.add_argument(
+        "--users",
+        default=None,
+        help="NAME=N,...: concurrent users expected on a tier; sets its replicas "
+        "(ceil(users / admission cap)), or autoscaling.minReplicas where it autoscales",
+    )
+    p.add_argument(
+        "--rps",
+        default=None,
+        help="NAME=R,...: requests/s expected on a tier; replicas from the simulated "
+        "request rate of one replica at its cap",
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="print every value the plan changes (path: old -> new) against --base-values",
     )
     p.add_argument(
         "--policies", default=None, help="candidate policy specs (default lagged,prefix,mtp1,none)"
@@ -36,18 +104,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hardware-group",
         default=None,
-        help="reference the profiler's ConfigMap dspark-cost-table-<group>-<model>-tp<N> "
-        "instead of embedding the table (model and TP come from the profile's .meta.json)",
+        help="point the planned tiers at the profiler's ConfigMap of this hardware group "
+        "(must be the profile's own, from its metadata) instead of keeping their table",
     )
     p.add_argument(
         "--cost-table-configmap",
         default=None,
-        help="reference an existing cost-table ConfigMap instead of embedding it",
+        help="reference an existing cost-table ConfigMap instead of the profile's",
     )
     p.add_argument(
         "--sts-configmap",
         default="dspark-sts",
-        help="STS ConfigMap to reference when --sts is not given (default dspark-sts)",
+        help="STS ConfigMap a new tier references when --sts is not given (default dspark-sts)",
     )
 
 
@@ -59,13 +127,43 @@ def _run(args: argparse.Namespace) -> int:
         Planner,
         default_planner_specs,
         plan_table,
-        values_document,
         values_yaml,
     )
+    from dspark_sglang.planning.values_edit import (
+        CostTableSource,
+        TierLoad,
+        apply_plan,
+        load_base_values,
+        map_tiers,
+        values_diff,
+    )
+    from dspark_sglang.profiling.hardware import slugify
+    from dspark_sglang.scheduling.cost_table import SpsCostTable
 
     try:
-        inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
         slas = csv_numbers(args.sla, float)
+        explicit = {float(k): str(v) for k, v in _pairs(args.tier, "--tier", str).items()}
+        users = _pairs(args.users, "--users", float)
+        rps = _pairs(args.rps, "--rps", float)
+        both = sorted(set(users) & set(rps))
+        if both:
+            raise PlanError(f"tier {both[0]}: give --users or --rps, not both")
+        loads = {k: TierLoad(users=v) for k, v in users.items()}
+        loads.update({k: TierLoad(requests_per_sec=v) for k, v in rps.items()})
+        if args.hardware_group and args.cost_table_configmap:
+            raise PlanError("give either --hardware-group or --cost-table-configmap, not both")
+        inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
+        ident = profile_identity(inputs.profile)
+        if args.hardware_group and slugify(args.hardware_group) != ident.hardware:
+            raise PlanError(
+                f"--hardware-group {args.hardware_group}: the profile was measured on "
+                f"{ident.hardware} (its metadata's hardware_slug); a table only holds for the "
+                "hardware it was measured on, so profile that group or pass its own name"
+            )
+        base = load_base_values(args.base_values) if args.base_values else None
+        if args.diff and base is None:
+            raise PlanError("--diff compares against --base-values; give the live values")
+        names = map_tiers(slas, base, explicit)
         specs = (
             [PolicySpec.parse(s) for s in args.policies.split(",") if s.strip()]
             if args.policies
@@ -82,35 +180,65 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         tiers = planner.plan(slas)
-        tp_size, model_slug = profile_identity(Path(args.profile))
-        doc = values_document(
+        table = inputs.table
+        inline = (
+            {
+                "sample_batch_tokens": list(table.sample_batch_tokens),
+                "sample_steps_per_sec": list(table.sample_steps_per_sec),
+                "max_batch_tokens": table.max_batch_tokens,
+            }
+            if isinstance(table, SpsCostTable)
+            else None
+        )
+        source = CostTableSource(
+            published={"hardwareGroup": ident.hardware, "version": ident.version},
+            inline=inline,
+            configmap=(
+                {"configMapName": args.cost_table_configmap} if args.cost_table_configmap else None
+            ),
+            new_tier="published" if args.hardware_group else "inline",
+        )
+        sts = {"inline": {"temperatures": list(inputs.sts.temperatures)}} if inputs.sts else None
+        start = base if base is not None else {"model": {"slug": ident.model}, "slaTiers": []}
+        if base is None and sts is None:
+            sts = {"configMapName": args.sts_configmap}
+        doc = apply_plan(
+            start,
             tiers,
-            inputs.table,
-            hardware_group=args.hardware_group,
-            cost_table_configmap=args.cost_table_configmap,
-            sts=inputs.sts,
-            sts_configmap=args.sts_configmap,
-            tp_size=tp_size,
-            model_slug=model_slug,
+            names,
+            ident,
+            cost_table=source,
+            sts=sts,
+            loads=loads,
+            move_hardware=bool(args.hardware_group),
         )
     except (PlanError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(plan_table(tiers))
+    print(plan_table(tiers, names))
+    if args.diff:
+        changes = values_diff(base or {}, doc)
+        print(f"\nchanges to {args.base_values} ({len(changes)}):")
+        for line in changes or ["(none)"]:
+            print(f"  {line}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        values_yaml(doc, tiers, source=f"{args.profile}, {' '.join(args.traces)}"), encoding="utf-8"
+        values_yaml(doc, tiers, source=f"{args.profile}, {' '.join(args.traces)}", names=names),
+        encoding="utf-8",
     )
-    print(f"wrote {args.out}  (helm install ... -f {args.out})")
+    print(f"wrote {args.out}  (helm upgrade --install $REL $CHART -f {args.out})")
     return 0
 
 
 COMMAND = Command(
     name="plan",
-    help="Pick per-SLA caps and write a Helm values file",
+    help="Pick per-SLA caps and write them onto a Helm values file",
     description=(
-        "Pick per-SLA admission caps and scheduler settings and write a Helm values file."
+        "Pick per-SLA admission caps and scheduler settings on a measured cost table and "
+        "write them onto the release's Helm values (or a new values file)."
     ),
+    epilog=EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
     add_arguments=_add_arguments,
     run=_run,
 )

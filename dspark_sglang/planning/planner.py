@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from dspark_sglang.planning.frontier import PolicySpec, default_num_requests
 from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
-from dspark_sglang.scheduling.cost_table import CostModel, SpsCostTable
+from dspark_sglang.scheduling.cost_table import CostModel
 
 __all__ = [
     "PlanError",
@@ -44,7 +44,6 @@ __all__ = [
     "default_planner_specs",
     "plan_table",
     "tier_name",
-    "values_document",
     "values_yaml",
 ]
 
@@ -65,13 +64,18 @@ class PlannedTier:
     result: SimResult
 
     def scheduler_values(self) -> dict[str, Any]:
-        """The chart's ``slaTiers[].scheduler`` block (camelCase keys)."""
-        s: dict[str, Any] = {"policy": self.spec.name, "blockSize": self.block_size}
-        if self.spec.name == "static":
-            s["staticK"] = int(self.spec.option or 0)
-        if self.spec.name == "lagged":
-            s["lagSteps"] = self.spec.lag
-        s["maxVerifyTokens"] = self.max_verify_tokens
+        """The chart's ``slaTiers[].scheduler`` block (camelCase keys).
+
+        Rendered from the tier's ``SchedulerConfig`` (``PolicySpec.config``), the one the
+        simulation ran, so the values carry exactly the validated settings.
+        """
+        cfg = self.spec.config(self.block_size, self.max_verify_tokens)
+        s: dict[str, Any] = {"policy": cfg.policy, "blockSize": cfg.block_size}
+        if cfg.static_k is not None:
+            s["staticK"] = cfg.static_k
+        if cfg.policy == "lagged":
+            s["lagSteps"] = cfg.lag_steps
+        s["maxVerifyTokens"] = cfg.max_verify_tokens
         s["maxRunningRequests"] = self.max_running_requests
         s["greedyOnly"] = False
         return s
@@ -144,7 +148,9 @@ class Planner:
             prefill=self.prefill,  # type: ignore[arg-type]
             seed=self.seed,
         )
-        policy = spec.build(self.cost_model, self.max_verify_tokens(concurrency))
+        policy = spec.build(
+            self.cost_model, self.max_verify_tokens(concurrency), block_size=self.traces.block_size
+        )
         res = simulate(self.traces, self.cost_model, policy, self.lengths, cfg, sts=self.sts)
         self._cache[key] = res
         if self.progress is not None:
@@ -214,75 +220,14 @@ class Planner:
         return [self.plan_tier(float(s)) for s in sorted(slas, reverse=True)]
 
 
-def values_document(
+def values_yaml(
+    doc: dict[str, Any],
     tiers: Sequence[PlannedTier],
-    cost_table: CostModel,
-    *,
-    hardware_group: str | None = None,
-    cost_table_configmap: str | None = None,
-    sts: StsCalibration | None = None,
-    sts_configmap: str = "dspark-sts",
-    tp_size: int = 1,
-    model_slug: str | None = None,
-) -> dict[str, Any]:
-    """``{"slaTiers": [...]}`` for the chart, one tier per planned SLA.
-
-    ``tp_size``/``model_slug`` are the profiled table's (its ``.meta.json``): the chart
-    names the profiler's ConfigMap ``<hardwareGroup>-<model.slug>-tp<tp>``, so a tier
-    must carry the TP its table was measured at, and ``model.slug`` the profiled model.
-
-    The cost table is referenced by the profiler's hardware group or a ConfigMap when
-    given, else embedded inline (the chart's inline form is the staircase
-    ``SpsCostTable`` only). STS temperatures are embedded when given, else the
-    calibration job's ConfigMap ``sts_configmap`` is referenced.
-    """
-    if not (isinstance(tp_size, int) and tp_size >= 1):
-        raise PlanError(f"tp_size must be an int >= 1 (the profiled TP degree), got {tp_size!r}")
-    if hardware_group and cost_table_configmap:
-        raise PlanError("give either a hardware group or a cost-table ConfigMap, not both")
-    if hardware_group:
-        ct: dict[str, Any] = {"hardwareGroup": hardware_group}
-    elif cost_table_configmap:
-        ct = {"configMapName": cost_table_configmap}
-    elif isinstance(cost_table, SpsCostTable):
-        ct = {
-            "inline": {
-                "sample_batch_tokens": list(cost_table.sample_batch_tokens),
-                "sample_steps_per_sec": list(cost_table.sample_steps_per_sec),
-                "max_batch_tokens": cost_table.max_batch_tokens,
-            }
-        }
-    else:
-        raise PlanError(
-            "the chart embeds only staircase SpsCostTable JSON inline; for an additive table "
-            "pass --hardware-group or --cost-table-configmap"
-        )
-    st: dict[str, Any] = (
-        {"inline": {"temperatures": list(sts.temperatures)}}
-        if sts is not None
-        else {"configMapName": sts_configmap}
-    )
-    out = []
-    for t in tiers:
-        out.append(
-            {
-                "name": tier_name(t.sla),
-                "minTokensPerSecPerUser": t.sla,
-                "tp": tp_size,
-                "gpusPerPod": tp_size,
-                "scheduler": t.scheduler_values(),
-                "costTable": ct,
-                "sts": st,
-            }
-        )
-    doc: dict[str, Any] = {"slaTiers": out}
-    if model_slug:
-        doc["model"] = {"slug": model_slug}
-    return doc
-
-
-def values_yaml(doc: dict[str, Any], tiers: Sequence[PlannedTier], source: str = "") -> str:
-    """The values document as YAML with a header stating the predictions it rests on."""
+    source: str = "",
+    names: Mapping[float, str] | None = None,
+) -> str:
+    """The values document as YAML with a header stating the predictions it rests on
+    (``names``: the tier each SLA was written onto, default ``tier_name``)."""
     lines = [
         "# Generated by `dspark-sglang plan`" + (f" ({source})" if source else "") + ".",
         "# Simulated per tier (closed loop at maxRunningRequests, tok/s):",
@@ -290,7 +235,7 @@ def values_yaml(doc: dict[str, Any], tiers: Sequence[PlannedTier], source: str =
     for t in tiers:
         r = t.result
         lines.append(
-            f"#   {tier_name(t.sla)}: policy {t.spec.label}, cap {t.max_running_requests}: "
+            f"#   {_name(t, names)}: policy {t.spec.label}, cap {t.max_running_requests}: "
             f"throughput {r.throughput:.1f}, per-user p50 {r.user_tps_p50:.1f} / "
             f"p90 {r.user_tps_p90:.1f}"
         )
@@ -298,7 +243,11 @@ def values_yaml(doc: dict[str, Any], tiers: Sequence[PlannedTier], source: str =
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
-def plan_table(tiers: Sequence[PlannedTier]) -> str:
+def _name(t: PlannedTier, names: Mapping[float, str] | None) -> str:
+    return names[t.sla] if names is not None else tier_name(t.sla)
+
+
+def plan_table(tiers: Sequence[PlannedTier], names: Mapping[float, str] | None = None) -> str:
     """Fixed-width text table of the plan (what the CLI prints)."""
     head = (
         f"{'tier':<12}{'SLA':>7}  {'policy':<10}{'cap':>5}{'verify':>8}"
@@ -308,7 +257,7 @@ def plan_table(tiers: Sequence[PlannedTier]) -> str:
     for t in tiers:
         r = t.result
         rows.append(
-            f"{tier_name(t.sla):<12}{t.sla:>7g}  {t.spec.label:<10}{t.max_running_requests:>5}"
+            f"{_name(t, names):<12}{t.sla:>7g}  {t.spec.label:<10}{t.max_running_requests:>5}"
             f"{t.max_verify_tokens:>8}{r.throughput:>11.1f}{r.user_tps_p50:>9.1f}"
             f"{r.user_tps_p90:>9.1f}{r.mean_accept_len:>9.2f}"
         )

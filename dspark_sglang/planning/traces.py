@@ -24,6 +24,9 @@ On-disk formats (both round-trip exactly):
 ``*.pt``
     ``torch.save`` of ``{"request_id": int64 [M], "domain_index": int64 [M],
     "domains": list[str], "confidence_logits": float32 [M, B], "accepted": int64 [M]}``.
+``*.pt`` (SGLang ``StsDataRecorder`` shards, from a running server)
+    ``{"logits": [M, B], "prefix_mask": [M, B]}``: read as rounds of domain ``live``, one
+    request each (the shard records no request ids).
 
 Real traces come from the trained drafter's rollouts on SmolLM2 (GSM8K / MT-Bench /
 code prompts); ``synthetic_traces`` builds controlled ones for tests and first plots.
@@ -221,6 +224,8 @@ def load_traces(path: str | Path) -> AcceptanceTraces:
         except Exception as exc:
             raise ValueError(f"{src}: cannot load as a torch file ({exc})") from exc
         need = {"request_id", "domain_index", "domains", "confidence_logits", "accepted"}
+        if isinstance(obj, dict) and set(obj) == {"logits", "prefix_mask"}:
+            return _from_sglang_shard(p)
         if not isinstance(obj, dict) or set(obj) != need:
             keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
             raise ValueError(f"{src}: expected keys {sorted(need)}, got {keys}")
@@ -235,6 +240,34 @@ def load_traces(path: str | Path) -> AcceptanceTraces:
         except ValueError as exc:
             raise ValueError(f"{src}: {exc}") from exc
     raise ValueError(f"{src}: unknown trace format {p.suffix!r}; use .jsonl or .pt")
+
+
+#: Domain of rounds recorded by a live server (SGLang's STS recorder names none).
+LIVE_DOMAIN = "live"
+
+
+def _from_sglang_shard(p: Path) -> AcceptanceTraces:
+    """A shard of SGLang's STS recorder (``SGLANG_DSPARK_STS_COLLECT_PATH``) as traces.
+
+    The recorder stores, per verified round of a running server, the raw confidence
+    logits and the greedy-correct prefix of all ``B`` drafts: exactly a trace round.
+    It does not store which request a round belongs to, so each round replays as its
+    own request (domain ``live``): the simulator then draws rounds independently and
+    loses the within-request correlation of acceptance that offline traces keep.
+    """
+    from dspark_sglang.calibration.rollouts import load_rollouts
+
+    r = load_rollouts([p])
+    if r.verified is not None:
+        raise ValueError(f"{p}: an STS shard verifies whole blocks; got per-round verify counts")
+    m = r.accepted.shape[0]
+    return AcceptanceTraces(
+        request_id=torch.arange(m, dtype=torch.int64),
+        domain_index=torch.zeros(m, dtype=torch.int64),
+        domains=(LIVE_DOMAIN,),
+        confidence_logits=r.confidence_logits,
+        accepted=r.accepted,
+    )
 
 
 def load_traces_many(paths: Sequence[str | Path]) -> AcceptanceTraces:

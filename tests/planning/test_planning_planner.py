@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,13 @@ from chart_tools import helm_bin
 
 from dspark_sglang.cli import main
 from dspark_sglang.planning.frontier import PolicySpec
-from dspark_sglang.planning.planner import PlanError, Planner, tier_name, values_document
+from dspark_sglang.planning.planner import PlanError, Planner, tier_name
+from dspark_sglang.planning.values_edit import (
+    CostTableSource,
+    ProfileIdentity,
+    apply_plan,
+    map_tiers,
+)
 from dspark_sglang.scheduling.config import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +69,19 @@ def test_infeasible_sla_is_a_clear_error(planner: Planner) -> None:
 
 def test_values_validate_against_chart_schema(planner: Planner, table) -> None:
     tiers = planner.plan(SLAS)
-    doc = values_document(tiers, table)
+    inline = {
+        "sample_batch_tokens": list(table.sample_batch_tokens),
+        "sample_steps_per_sec": list(table.sample_steps_per_sec),
+        "max_batch_tokens": table.max_batch_tokens,
+    }
+    doc = apply_plan(
+        {"slaTiers": []},
+        tiers,
+        map_tiers(SLAS, None, {}),
+        ProfileIdentity("test-hw", "test-model", 1, "0123456789"),
+        cost_table=CostTableSource(published=None, inline=inline),
+        sts={"configMapName": "dspark-sts"},
+    )
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     jsonschema.validate(_merge(defaults, doc), schema)
@@ -79,6 +98,9 @@ def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
     helm = helm_bin()
     profile = tmp_path / "sps.json"
     table.save(profile)
+    # What the profiler writes beside a table: plan refuses a table without it.
+    meta = {"hardware_slug": "test-hw", "model": "test-model", "tp_size": 1}
+    (tmp_path / "sps.meta.json").write_text(json.dumps(meta))
     out = tmp_path / "values-planned.yaml"
     rc = main(
         ["plan", "--profile", str(profile), "--traces", "synthetic", "--sla", "150,60",
@@ -121,7 +143,7 @@ def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
 def test_plan_from_committed_profile_mounts_the_profilers_configmap(tmp_path: Path) -> None:
     # The committed CPU profile carries its model and TP in .meta.json; a tier planned
     # from it must mount exactly the ConfigMap the profiler published for that table.
-    from dspark_sglang.profiling.configmap import configmap_name
+    from dspark_sglang.profiling.configmap import configmap_name, table_version
 
     helm = helm_bin()
     hw = "cpu-amd-epyc-avx2-2c"
@@ -151,7 +173,9 @@ def test_plan_from_committed_profile_mounts_the_profilers_configmap(tmp_path: Pa
     committed = yaml.safe_load(
         (ROOT / "profiles" / hw / "smollm2-135m-instruct-tp1.configmap.yaml").read_text()
     )
-    assert committed["metadata"]["name"] == configmap_name(hw, "smollm2-135m-instruct", 1)
+    version = table_version(profile)
+    assert {t["costTable"]["version"] for t in values["slaTiers"]} == {version}
+    assert committed["metadata"]["name"] == configmap_name(hw, "smollm2-135m-instruct", 1, version)
     assert committed["metadata"]["name"] in mounted
 
 
