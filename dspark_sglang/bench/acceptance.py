@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from dspark_sglang.model.ar_drafter import ARDrafter
+from dspark_sglang.model.discovery import DrafterCheckpoint
 from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.reference.ar_proposer import ARProposer
 from dspark_sglang.reference.generator import DSparkProposer, Proposer, ReferenceGenerator
@@ -40,8 +42,6 @@ from dspark_sglang.results import dump_json
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.model.ar_drafter import ARDrafter
-from dspark_sglang.model.discovery import DrafterCheckpoint
 
 __all__ = [
     "AcceptanceReport",
@@ -67,8 +67,8 @@ def load_proposer(ckpt: DrafterCheckpoint, target: HFTarget) -> Proposer:
     target, slot convention or layer set); AR checkpoints are checked here for the
     same target facts, since their config does not carry the target's name.
     """
-    from dspark_sglang.model.checkpoint import load_drafter
     from dspark_sglang.model.ar_drafter import load_ar_drafter
+    from dspark_sglang.model.checkpoint import load_drafter
 
     if ckpt.kind == "ar":
         drafter = load_ar_drafter(ckpt.folder, target.embed_tokens, target.lm_head).eval()

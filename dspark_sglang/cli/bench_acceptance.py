@@ -238,9 +238,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     from dspark_sglang.bench.plots import plot_acceptance
     from dspark_sglang.model.checkpoint import CheckpointError
+    from dspark_sglang.model.discovery import resolve_checkpoint
     from dspark_sglang.results import software_versions
     from dspark_sglang.sampling import SamplingParams
-    from dspark_sglang.model.discovery import resolve_checkpoint
 
     console = Console()
     try:

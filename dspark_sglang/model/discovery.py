@@ -68,8 +68,8 @@ def resolve_checkpoint(name: str, path: str | Path) -> DrafterCheckpoint:
     ``path`` may be the drafter folder, a trainer ``step-NNNNNN`` folder or a
     training run's ``out_dir`` (its latest checkpoint is used).
     """
-    from dspark_sglang.model.config import DSparkConfig
     from dspark_sglang.model.ar_drafter import ARDrafterConfig
+    from dspark_sglang.model.config import DSparkConfig
 
     given = Path(path).expanduser()
     if not given.exists():

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from dspark_sglang.model.ar_drafter import ARDrafter
 from dspark_sglang.model.block_sampler import DraftProposal
 from dspark_sglang.reference.generator import DraftInputs
 from dspark_sglang.sampling import SamplingParams
-from dspark_sglang.model.ar_drafter import ARDrafter
 
 __all__ = ["ARProposer"]
 

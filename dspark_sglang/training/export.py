@@ -46,9 +46,9 @@ def export_drafter(
     from dspark_sglang.calibration.sts import load_sts
     from dspark_sglang.model.checkpoint import load_drafter, save_drafter
     from dspark_sglang.model.config import TargetSpec
+    from dspark_sglang.model.discovery import resolve_checkpoint
     from dspark_sglang.targets.hf_target import target_name_of
     from dspark_sglang.targets.smollm2 import ensure_smollm2
-    from dspark_sglang.model.discovery import resolve_checkpoint
 
     ckpt = resolve_checkpoint("--from", source)
     if ckpt.kind == "ar":

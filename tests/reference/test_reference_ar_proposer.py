@@ -15,6 +15,7 @@ import pytest
 import torch
 from reference_helpers import tiny_drafter, tiny_target
 
+from dspark_sglang.model.ar_drafter import ARDrafter, ARDrafterConfig
 from dspark_sglang.model.block_sampler import DraftProposal
 from dspark_sglang.reference.ar_proposer import ARProposer
 from dspark_sglang.reference.generator import (
@@ -27,7 +28,6 @@ from dspark_sglang.reference.generator import (
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
-from dspark_sglang.model.ar_drafter import ARDrafter, ARDrafterConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 0, 1, 2, 2], [3], [2, 2, 1, 0, 4, 3, 1]]

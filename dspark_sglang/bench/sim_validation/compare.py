@@ -31,8 +31,9 @@ from dspark_sglang.planning.simulator import (
 from dspark_sglang.planning.traces import AcceptanceTraces, load_traces_many
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.results import local_path
+from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.cost_table import SpsCostTable
-from dspark_sglang.scheduling.policies import build_policy
+from dspark_sglang.scheduling.policies import policy_from_config
 
 __all__ = [
     "EVAL_SETS",
@@ -239,7 +240,9 @@ def simulate_level(
     return simulate(
         traces,
         table,
-        build_policy("static", k=s.static_k),
+        policy_from_config(
+            SchedulerConfig(block_size=traces.block_size, policy="static", static_k=s.static_k)
+        ),
         lengths,
         SimConfig(
             mode="closed",
