@@ -10,6 +10,7 @@ shard; train: ``--resume`` from the latest checkpoint). Flags override config fi
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -59,6 +60,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="override run.threads (torch threads; 1 per process when runs share the CPUs)",
     )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="override run.device: cpu, cuda or cuda:N (under torchrun, cuda = each "
+        "process's cuda:LOCAL_RANK)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (CI logs)")
 
 
@@ -77,6 +84,13 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.with_overrides(run={"init_from": str(args.init_from.resolve())})
     if args.threads is not None:
         cfg = cfg.with_overrides(run={"threads": args.threads})
+    if args.device is not None:
+        cfg = cfg.with_overrides(run={"device": args.device})
+    if args.stage in ("data", "all") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit(
+            "the data stage runs in one process: run --stage data without torchrun first, "
+            "then torchrun ... train --stage train"
+        )
     if args.gen_batches is not None and args.gen_batches < 0:
         raise SystemExit(f"--gen-batches must be >= 0, got {args.gen_batches}")
     progress = not args.no_progress
@@ -85,12 +99,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.stage in ("data", "all"):
         run_data_stage(cfg, target, args.limit_prompts, progress, args.gen_batches)
     if args.stage in ("train", "all"):
-        res = run_train_stage(cfg, target, resume=args.resume, progress=progress)
-        print(
-            f"[train] {cfg.name}: step {res.final_step}, loss {res.first_loss:.4f} -> "
-            f"{res.last_loss:.4f}, {res.steps_per_s:.3f} steps/s, "
-            f"{res.anchors_per_s:.1f} anchors/s; checkpoint {res.final_checkpoint}"
-        )
+        from dspark_sglang.training.distributed import shutdown
+
+        try:
+            res = run_train_stage(cfg, target, resume=args.resume, progress=progress)
+        finally:
+            shutdown()  # leave the torchrun process group (no-op with one process)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(
+                f"[train] {cfg.name}: step {res.final_step}, loss {res.first_loss:.4f} -> "
+                f"{res.last_loss:.4f}, {res.steps_per_s:.3f} steps/s, "
+                f"{res.anchors_per_s:.1f} anchors/s; checkpoint {res.final_checkpoint}"
+            )
     print(f"[done] {time.perf_counter() - t0:.0f} s")
     return 0
 

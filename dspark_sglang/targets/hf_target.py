@@ -73,6 +73,7 @@ class HFTarget:
         num_threads: int | None = None,
         *,
         name: str | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         if num_threads is not None:
             if num_threads < 1:
@@ -85,7 +86,7 @@ class HFTarget:
                 "(for SmolLM2 use dspark_sglang.targets.smollm2.ensure_smollm2())"
             )
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device)
         self._setup(model, tokenizer, name or target_name_of(folder), folder)
 
     @classmethod
@@ -157,14 +158,29 @@ class HFTarget:
         return default_mask_token_id(self._require_tokenizer())
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of ``messages`` through the tokenizer's chat template."""
+        """Token ids of ``messages`` through the tokenizer's chat template.
+
+        ``chat_template_kwargs`` are variables for the template (e.g. Qwen3's
+        ``enable_thinking``), the training config's ``data.chat_template_kwargs``.
+        """
+        extra = dict(chat_template_kwargs or {})
+        fixed = {"conversation", "add_generation_prompt", "tokenize", "return_dict"} & set(extra)
+        if fixed:
+            raise ValueError(
+                f"chat_template_kwargs may not set {sorted(fixed)}: encode_chat sets them"
+            )
         ids = self._require_tokenizer().apply_chat_template(
             [dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=False,
+            **extra,
         )
         if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
             ids = ids["input_ids"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ def _number(section: str, name: str, value: object, lo: float = 0.0, hi: float =
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+TARGET_DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,142 @@ class TargetConfig:
             object.__setattr__(self, "layer_ids", ids)
 
 
+PROMPT_DOMAINS = ("math", "code", "chat")
+
+# apply_chat_template arguments the data stage sets itself (or that would change what it
+# returns): refused in data.chat_template_kwargs.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+@dataclass(frozen=True)
+class BuiltinSource:
+    """The built-in prompt mix (GSM8K train, standard-library code and prose, instructions).
+
+    A count left at None takes the section's ``data.num_math`` / ``num_code`` / ``num_chat``,
+    so ``sources: [{kind: builtin}]`` (the default) is exactly the mix those three set.
+    """
+
+    kind: Literal["builtin"] = "builtin"
+    num_math: int | None = None
+    num_code: int | None = None
+    num_chat: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_math", "num_code", "num_chat"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(
+                    f"builtin source: {name} must be an integer >= 0, or null to take "
+                    f"data.{name}; got {value!r}"
+                )
+
+    def counts(self, data: DataConfig) -> tuple[int, int, int]:
+        """(math, code, chat) prompt counts, the section's where this source sets none."""
+        return (
+            data.num_math if self.num_math is None else self.num_math,
+            data.num_code if self.num_code is None else self.num_code,
+            data.num_chat if self.num_chat is None else self.num_chat,
+        )
+
+
+@dataclass(frozen=True)
+class JsonlSource:
+    """A chat-data file: JSONL (or ``.jsonl.gz``) of OpenAI ``messages`` or ShareGPT
+    ``conversations`` rows (``dspark_sglang/data/chat_jsonl.py``). ``limit``: keep at most
+    that many prompts from it (file order); ``domain`` tags its prompts for the logs."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    path: str = ""
+    limit: int | None = None
+    domain: str = "chat"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.endswith((".jsonl", ".jsonl.gz")):
+            raise ValueError(
+                "jsonl source: path must name a .jsonl or .jsonl.gz file (relative to the "
+                f"repository root or absolute), got {self.path!r}"
+            )
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1
+        ):
+            raise ValueError(
+                "jsonl source: limit must be an integer >= 1 (prompts kept from the file), "
+                f"or null for all; got {self.limit!r}"
+            )
+        if self.domain not in PROMPT_DOMAINS:
+            raise ValueError(
+                f"jsonl source: domain must be one of {PROMPT_DOMAINS}, got {self.domain!r}"
+            )
+
+    @property
+    def stem(self) -> str:
+        """The file name without ``.jsonl``/``.jsonl.gz``: the prefix of its prompt ids."""
+        name = Path(self.path).name
+        return name[: -len(".jsonl.gz")] if name.endswith(".gz") else name[: -len(".jsonl")]
+
+
+DataSource = BuiltinSource | JsonlSource
+_SOURCE_KINDS: dict[str, type] = {"builtin": BuiltinSource, "jsonl": JsonlSource}
+
+
+def _source(i: int, entry: object) -> BuiltinSource | JsonlSource:
+    """``data.sources[i]`` as its struct; unknown kinds and keys are refused by name."""
+    where = f"data.sources[{i}]"
+    if isinstance(entry, BuiltinSource | JsonlSource):
+        return entry
+    if not isinstance(entry, Mapping) or entry.get("kind") not in _SOURCE_KINDS:
+        raise ValueError(
+            f"{where} must be a mapping with kind one of {sorted(_SOURCE_KINDS)} "
+            f"(e.g. {{kind: jsonl, path: data/chats.jsonl}}), got {entry!r}"
+        )
+    klass = _SOURCE_KINDS[entry["kind"]]
+    known = {f.name for f in dataclasses.fields(klass)}
+    bad = sorted(set(entry) - known)
+    if bad:
+        raise ValueError(
+            f"unknown keys {[f'{where}.{b}' for b in bad]}; allowed for kind "
+            f"{entry['kind']!r}: {sorted(known)}"
+        )
+    try:
+        return klass(**entry)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    """Prompt mix and generation settings; ``dir`` is shared by drafters on the same data."""
+    """Prompt sources and generation settings; ``dir`` is shared by drafters on the same data.
+
+    ``sources`` lists where prompts come from, in order (their prompts are interleaved):
+    the built-in mix (default, sized by ``num_math`` / ``num_code`` / ``num_chat``) and/or
+    chat JSONL files. ``chat_template_kwargs`` go to the tokenizer's ``apply_chat_template``
+    (e.g. ``{enable_thinking: false}`` for Qwen3); ``mask_token_id`` overrides the detected
+    drafter mask token (None: the tokenizer's mask token or a known unused special token).
+    """
 
     dir: str = "runs/data/smollm2"
     num_math: int = 512
     num_code: int = 256
     num_chat: int = 256
+    sources: tuple[DataSource, ...] = (BuiltinSource(),)
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    mask_token_id: int | None = None
     max_prompt_tokens: int = 256
     max_new_tokens: int = 256
     gen_batch_size: int = 16
@@ -85,8 +216,22 @@ class DataConfig:
             raise ValueError(f"data.dir must be a non-empty path, got {self.dir!r}")
         for name in ("num_math", "num_code", "num_chat"):
             _positive_int("data", name, getattr(self, name), lo=0)
-        if self.num_math + self.num_code + self.num_chat == 0:
-            raise ValueError("data.num_math + num_code + num_chat must be > 0")
+        self._check_sources()
+        kwargs = self.chat_template_kwargs
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError(
+                "data.chat_template_kwargs must be a mapping of template variables "
+                f"(e.g. {{enable_thinking: false}}), got {kwargs!r}"
+            )
+        reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(
+                f"data.chat_template_kwargs sets {reserved}: the data stage sets these itself; "
+                "keep only template variables (e.g. enable_thinking)"
+            )
+        object.__setattr__(self, "chat_template_kwargs", dict(kwargs))
+        if self.mask_token_id is not None:
+            _positive_int("data", "mask_token_id", self.mask_token_id, lo=0)
         for name in ("max_prompt_tokens", "max_new_tokens", "gen_batch_size", "hidden_batch_size"):
             _positive_int("data", name, getattr(self, name))
         _positive_int("data", "seed", self.seed, lo=0)
@@ -94,6 +239,50 @@ class DataConfig:
             raise ValueError(
                 f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
             )
+
+    def _check_sources(self) -> None:
+        raw = self.sources
+        if isinstance(raw, str | Mapping) or not isinstance(raw, list | tuple) or not raw:
+            raise ValueError(
+                "data.sources must be a non-empty list of {kind: builtin} and "
+                f"{{kind: jsonl, path: ...}} entries, got {raw!r}"
+            )
+        sources = tuple(_source(i, s) for i, s in enumerate(raw))
+        object.__setattr__(self, "sources", sources)
+        builtins = [i for i, s in enumerate(sources) if isinstance(s, BuiltinSource)]
+        if len(builtins) > 1:
+            raise ValueError(
+                f"data.sources{builtins} are all kind builtin: list the built-in mix once "
+                "(its num_math / num_code / num_chat set its size)"
+            )
+        for i in builtins:
+            src = sources[i]
+            assert isinstance(src, BuiltinSource)
+            if sum(src.counts(self)) == 0:
+                raise ValueError(
+                    f"data.sources[{i}] (builtin) has no prompts: num_math + num_code + "
+                    "num_chat must be > 0, or drop the builtin entry to use only your files"
+                )
+        stems: dict[str, int] = {}
+        for i, s in enumerate(sources):
+            if isinstance(s, JsonlSource):
+                if s.stem in stems:
+                    raise ValueError(
+                        f"data.sources[{stems[s.stem]}] and data.sources[{i}] have the same "
+                        f"file name {s.stem!r}: prompt ids start with it, so rename one file"
+                    )
+                stems[s.stem] = i
+
+    def builtin_source(self) -> BuiltinSource | None:
+        return next((s for s in self.sources if isinstance(s, BuiltinSource)), None)
+
+    def resolve_paths(self, res: Any) -> DataConfig:
+        """A copy with ``dir`` and every file source's ``path`` passed through ``res``."""
+        sources = tuple(
+            dataclasses.replace(s, path=res(s.path)) if isinstance(s, JsonlSource) else s
+            for s in self.sources
+        )
+        return dataclasses.replace(self, dir=res(self.dir), sources=sources)
 
 
 @dataclass(frozen=True)
@@ -170,7 +359,17 @@ class RunConfig:
     init_from: str | None = None
     # Mixed precision for the drafter's forward: bfloat16 runs its matmuls (most of all the
     # full-vocabulary LM head) on AMX; weights, optimizer state and the loss stay float32.
+    # It applies on run.device's type (CPU autocast or CUDA autocast).
     autocast: str = "float32"
+    # Where the target, the drafter and every training tensor live: cpu, cuda or cuda:N.
+    # Under torchrun with several processes, "cuda" means each process's cuda:LOCAL_RANK.
+    device: str = "cpu"
+    # Precision the target is loaded in (its frozen embedding / LM head are shared with the
+    # drafter; the trainer keeps a float32 copy of them unless run.autocast is set).
+    target_dtype: str = "float32"
+    # Batches prepared ahead of the training step by a background thread (0: none). The
+    # batches and their order do not depend on it.
+    prefetch: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, str) or not self.out_dir:
@@ -190,6 +389,15 @@ class RunConfig:
                 f"run.autocast must be one of {COMPUTE_DTYPES} (float32 = no autocast), "
                 f"got {self.autocast!r}"
             )
+        if not isinstance(self.device, str) or not _DEVICE_RE.fullmatch(self.device):
+            raise ValueError(
+                f"run.device must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got {self.device!r}"
+            )
+        if self.target_dtype not in TARGET_DTYPES:
+            raise ValueError(
+                f"run.target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}"
+            )
+        _positive_int("run", "prefetch", self.prefetch, lo=0)
 
 
 _SECTIONS: dict[str, type] = {
@@ -264,7 +472,7 @@ class TrainConfig:
 
         return dataclasses.replace(
             self,
-            data=dataclasses.replace(self.data, dir=res(self.data.dir)),
+            data=self.data.resolve_paths(res),
             run=dataclasses.replace(
                 self.run,
                 out_dir=res(self.run.out_dir),

@@ -16,10 +16,14 @@ list of sequences and their anchors, everything a drafter step needs:
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -100,6 +104,30 @@ class TrainBatch:
     def num_anchors(self) -> int:
         return int(self.anchor_mask.sum())
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        return TrainBatch(**{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TrainBatch:
+        """Every field on ``device`` (``non_blocking`` from pinned memory onto a GPU)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> TrainBatch:
+        """Page-locked copies, so the copy to a GPU can overlap the previous step."""
+        return self._map(lambda t: t.pin_memory())
+
+    def without_anchors(self) -> TrainBatch:
+        """The same tensors with every anchor masked out: a batch that weighs nothing.
+
+        A process whose share of a global batch is empty (fewer sequences than
+        processes) still runs forward and backward on this, so the collectives of
+        every process line up; its loss, gradients and MoE statistics are zero.
+        """
+        return dataclasses.replace(
+            self,
+            anchor_mask=torch.zeros_like(self.anchor_mask),
+            valid=torch.zeros_like(self.valid),
+        )
+
 
 def make_batch(
     seqs: Sequence[CachedSequence], anchors: Sequence[torch.Tensor], block_size: int
@@ -148,3 +176,80 @@ def make_batch(
         valid=valid,
         target_last=tl,
     )
+
+
+T = TypeVar("T")
+
+
+class Prefetcher(Generic[T]):
+    """Runs an iterator ``depth`` items ahead in a background thread, in its order.
+
+    The items and their order are exactly the wrapped iterator's (one producer, a FIFO
+    queue), so training is as deterministic as without it; only the time spent in
+    ``make_batch`` (memory-mapped reads, padding, pinning) overlaps the training step.
+    An exception in the producer is raised by ``next`` at the item where it happened.
+    ``depth = 0`` iterates synchronously. Call ``close`` (or use ``with``) to stop it.
+    """
+
+    _DONE = object()
+
+    def __init__(self, items: Iterator[T], depth: int) -> None:
+        if depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+        self._items = items
+        self._depth = depth
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+            self._thread = threading.Thread(target=self._produce, daemon=True, name="prefetch")
+            self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(_Raised(exc))
+            return
+        self._put(self._DONE)
+
+    def __iter__(self) -> Prefetcher[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._thread is None:
+            return next(self._items)
+        item = self._queue.get()
+        if item is self._DONE:
+            self._queue.put(item)  # later calls stop too
+            raise StopIteration
+        if isinstance(item, _Raised):
+            raise item.exc
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+
+    def __enter__(self) -> Prefetcher[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class _Raised:
+    exc: BaseException

@@ -102,6 +102,18 @@ def _weighted_mean(
     return (values * weights).sum() / denom
 
 
+def loss_denominators(valid: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``[1 + B]`` float32: ``sum(w*m)`` over all slots, then per slot k (see ``dspark_loss``).
+
+    What a trainer all-reduces (sums) over the processes sharing one global batch, so
+    each process's ``dspark_loss(..., denominators=...)`` is its share of the global mean.
+    """
+    block = valid.shape[-1]
+    mask = cumulative_validity(valid.reshape(-1, block))
+    weights = mask * position_weights(block, gamma, valid.device)
+    return torch.cat([weights.sum().reshape(1), weights.sum(0)])
+
+
 def dspark_loss(
     draft_logits: torch.Tensor,
     target_logits: torch.Tensor,
@@ -109,6 +121,7 @@ def dspark_loss(
     valid: torch.Tensor,
     conf_logits: torch.Tensor | None,
     config: LossConfig = LossConfig(),
+    denominators: torch.Tensor | None = None,
 ) -> LossTerms:
     """Weighted DSpark loss over a batch of blocks.
 
@@ -119,6 +132,11 @@ def dspark_loss(
 
     Invariant: with ``m = cumprod(valid)`` and ``w_k = exp(-k/gamma)``, each
     term equals ``sum(w*m*term) / sum(w*m)``; an all-invalid batch gives 0.
+
+    ``denominators`` (``loss_denominators`` summed over the processes of one global
+    batch) replaces this batch's own ``sum(w*m)`` (and per-slot sums): every term, and
+    ``accept_per_slot``, is then this batch's share of the global weighted mean, and the
+    shares of all processes add up to it.
     """
     if draft_logits.shape != target_logits.shape:
         raise ValueError(
@@ -135,7 +153,17 @@ def dspark_loss(
     target = target_logits.reshape(-1, block, vocab).float()
     mask = cumulative_validity(valid.reshape(-1, block))
     weights = mask * position_weights(block, config.gamma, draft.device)
-    denom = weights.sum().clamp_min(1e-12)
+    if denominators is None:
+        denom = weights.sum().clamp_min(1e-12)
+        per_slot_den = weights.sum(0).clamp_min(1e-12)
+    else:
+        if denominators.shape != (1 + block,):
+            raise ValueError(
+                f"denominators must be [1 + B] = [{1 + block}] (loss_denominators), got "
+                f"{tuple(denominators.shape)}"
+            )
+        den = denominators.to(device=draft.device, dtype=torch.float32)
+        denom, per_slot_den = den[0].clamp_min(1e-12), den[1:].clamp_min(1e-12)
     safe_labels = torch.where(mask > 0, labels.reshape(-1, block), torch.zeros_like(mask).long())
 
     ce = F.cross_entropy(draft.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none")
@@ -163,7 +191,6 @@ def dspark_loss(
     else:
         bce_mean = torch.zeros((), device=draft.device)
 
-    per_slot_den = weights.sum(0).clamp_min(1e-12)
     accept_per_slot = (accept * weights).sum(0) / per_slot_den
     return LossTerms(
         total=total, ce=ce_mean, l1=l1_mean, bce=bce_mean, accept_per_slot=accept_per_slot

@@ -1,7 +1,9 @@
 """The two stages of ``dspark-sglang train``, callable without the command line.
 
-``run_data_stage`` builds the prompt mix, checks it is disjoint from the eval sets,
-has the target regenerate responses (temperature 1) and caches hidden states;
+``run_data_stage`` builds the prompts of ``data.sources`` (the built-in mix and/or chat
+JSONL files; skipped rows and prompts counted per reason in ``sources.json``), checks
+they are disjoint from the eval sets, has the target regenerate responses
+(temperature 1) and caches hidden states;
 ``run_train_stage`` trains the configured drafter on that cache. Both resume where
 they stopped (data: per shard; training: ``resume=True`` from the latest checkpoint).
 """
@@ -14,16 +16,51 @@ from typing import Any
 
 from dspark_sglang.training.config import TrainConfig
 
-__all__ = ["load_target", "run_data_stage", "run_train_stage"]
+__all__ = ["load_target", "resolve_mask_token_id", "run_data_stage", "run_train_stage"]
+
+#: Per-source prompt counts and skipped rows of the last data stage, in ``data.dir``.
+SOURCES_FILE = "sources.json"
+
+
+def resolve_mask_token_id(cfg: TrainConfig, target) -> int:
+    """``data.mask_token_id`` if set (checked against the vocabulary), else the target
+    tokenizer's mask token or a known unused special token; a failed detection names the
+    config option that fixes it."""
+    vocab = target.spec.vocab_size
+    mask = cfg.data.mask_token_id
+    if mask is not None:
+        if mask >= vocab:
+            raise ValueError(
+                f"data.mask_token_id={mask} is outside the target's vocabulary "
+                f"({vocab} tokens); pick an unused special token id below {vocab}"
+            )
+        return mask
+    try:
+        return int(target.default_mask_token_id())
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}. Set data.mask_token_id in the training config to the id of a token "
+            "that never occurs in chat text (e.g. an unused reserved special token)"
+        ) from exc
 
 
 def load_target(cfg: TrainConfig):
-    """The configured target (``smollm2`` = the converted PyPI GGUF, else an HF folder)."""
+    """The configured target (``smollm2`` = the converted PyPI GGUF, else an HF folder),
+    loaded at ``run.target_dtype`` on ``run.device`` (this process's GPU under torchrun)."""
+    import torch
+
     from dspark_sglang.targets.hf_target import HFTarget
     from dspark_sglang.targets.smollm2 import ensure_smollm2
+    from dspark_sglang.training.distributed import resolve_device
 
+    device = resolve_device(cfg.run.device)  # refuses cuda without CUDA before any download
     path = ensure_smollm2() if cfg.target.name == "smollm2" else Path(cfg.target.name)
-    return HFTarget(path, num_threads=cfg.run.threads)
+    return HFTarget(
+        path,
+        dtype=getattr(torch, cfg.run.target_dtype),
+        num_threads=cfg.run.threads,
+        device=device,
+    )
 
 
 def run_data_stage(
@@ -44,19 +81,35 @@ def run_data_stage(
         generate_responses,
         throughput,
     )
-    from dspark_sglang.training.prompts import assert_disjoint, build_training_prompts
+    from dspark_sglang.training.prompts import collect_training_prompts
     from dspark_sglang.training.trainer import resolve_layer_ids
 
     d = cfg.data
-    prompts = build_training_prompts(d.num_math, d.num_code, d.num_chat, d.seed)
-    assert_disjoint(prompts, [*load_gsm8k_test(), *load_humaneval(), *load_mtbench()])
-    encoded = []
-    for p in prompts:
-        ids = target.encode_chat(p.chat())
-        if len(ids) <= d.max_prompt_tokens:
-            encoded.append(EncodedPrompt(id=p.id, domain=p.domain, prompt_ids=ids))
+    resolve_mask_token_id(cfg, target)  # fail before hours of generation, not after
+    selected, reports = collect_training_prompts(
+        d,
+        lambda msgs: target.encode_chat(msgs, chat_template_kwargs=d.chat_template_kwargs),
+        [*load_gsm8k_test(), *load_humaneval(), *load_mtbench()],
+    )
+    for report in reports:
+        print(report.summary())
+    encoded = [EncodedPrompt(id=p.id, domain=p.domain, prompt_ids=ids) for p, ids in selected]
+    n_all = len(encoded)
     if limit is not None:
         encoded = encoded[:limit]
+    Path(d.dir).mkdir(parents=True, exist_ok=True)
+    (Path(d.dir) / SOURCES_FILE).write_text(
+        json.dumps(
+            {
+                "prompts": len(encoded),
+                "prompts_before_limit_prompts": n_all,
+                "max_prompt_tokens": d.max_prompt_tokens,
+                "chat_template_kwargs": dict(d.chat_template_kwargs),
+                "sources": [r.as_dict() for r in reports],
+            },
+            indent=2,
+        )
+    )
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_ids[0]
     settings = GenerationSettings(
@@ -65,7 +118,7 @@ def run_data_stage(
         seed=d.seed,
         dtype=d.gen_dtype,
     )
-    print(f"[data] {len(encoded)} prompts (of {len(prompts)}) -> {d.dir}")
+    print(f"[data] {len(encoded)} prompts (of {n_all}) -> {d.dir}")
     generate_responses(
         target.model,
         encoded,
@@ -105,7 +158,9 @@ def run_data_stage(
 def run_train_stage(cfg: TrainConfig, target, resume: bool, progress: bool) -> Any:
     """Train ``cfg``'s drafter on the hidden-state cache in ``cfg.data.dir``.
 
-    Returns the trainer's result (final step, losses, speed, final checkpoint).
+    Returns the trainer's result (final step, losses, speed, final checkpoint). Under
+    torchrun every process calls this; the trainer joins the process group, trains on its
+    share of each global batch and leaves checkpoints and logs to rank 0.
     """
     from dspark_sglang.training.dataset import HiddenCache
     from dspark_sglang.training.trainer import Trainer
@@ -117,6 +172,6 @@ def run_train_stage(cfg: TrainConfig, target, resume: bool, progress: bool) -> A
         target.model.config,
         target.embed_tokens,
         target.lm_head,
-        target.default_mask_token_id(),
+        resolve_mask_token_id(cfg, target),
     )
     return trainer.train(resume=resume, progress=progress)

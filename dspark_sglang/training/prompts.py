@@ -1,6 +1,11 @@
-"""Training prompts for the three domains (math, code, chat), built from data on disk.
+"""Training prompts: the built-in mix (math, code, chat) and the ``data.sources`` collector.
 
-Why these sources: the machines reach only package registries, and the eval
+``collect_training_prompts`` turns every ``data.sources`` entry (this built-in mix, or a
+chat JSONL file read by ``dspark_sglang.data.chat_jsonl``) into encoded prompts,
+counting what it skips (over-long, eval overlap, bad rows) per source in a
+``SourceReport``. ``EvalIndex`` is the overlap check every source goes through.
+
+Why the built-in sources: the machines reach only package registries, and the eval
 sets (GSM8K test, HumanEval, MT-Bench) must never leak into training. So:
 
 * **math**: GSM8K *train* problems (shipped in ``assets/data/gsm8k``, MIT),
@@ -14,18 +19,30 @@ sets (GSM8K test, HumanEval, MT-Bench) must never leak into training. So:
 
 Every builder is deterministic given ``seed`` (sorted inputs, a private
 ``random.Random``), ids are stable (``code/<module>.<func>/<template>``), and
-``assert_disjoint`` refuses any overlap with eval prompts by id or text.
+``assert_disjoint`` refuses any overlap with eval prompts by id or text (the built-in
+mix is refused on overlap, a bug in its builders; a file's overlapping prompts are
+skipped and counted, since user data often holds public benchmark questions).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import random
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_sglang.data.evalsets import Message, Prompt, load_gsm8k_train
+from dspark_sglang.data.chat_jsonl import ROW_REASONS, SkipLog, read_chat_rows
+from dspark_sglang.data.evalsets import (
+    GSM8K_INSTRUCTION,
+    HUMANEVAL_INSTRUCTION,
+    Message,
+    Prompt,
+    load_gsm8k_train,
+)
+from dspark_sglang.training.config import BuiltinSource, DataConfig, JsonlSource
 
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
 
@@ -287,18 +304,213 @@ def build_training_prompts(num_math: int, num_code: int, num_chat: int, seed: in
     return out
 
 
-def _texts(p: Prompt) -> str:
-    return "\n".join(" ".join(m.content.split()) for m in p.messages)
+def _words(p: Prompt) -> list[str]:
+    return " ".join(m.content for m in p.messages).split()
 
 
-def assert_disjoint(train: Sequence[Prompt], evals: Sequence[Prompt]) -> None:
+_WINDOW = 6  # words of an eval text that key the containment index
+_MIN_CONTAINED = 40  # characters: shorter eval texts only match a whole training prompt
+
+
+class EvalIndex:
+    """The eval prompts, for "does this training prompt contain one?" in O(words).
+
+    A training prompt overlaps an eval prompt when it reuses its id, equals its text, or
+    contains (as a run of whole words, whitespace-insensitive) its text of at least
+    ``_MIN_CONTAINED`` characters or its *core*: the text without the instruction the eval
+    loader adds (``GSM8K_INSTRUCTION``, ``HUMANEVAL_INSTRUCTION``), so a raw GSM8K test
+    question or HumanEval stub in a user's data is caught too.
+    """
+
+    def __init__(self, evals: Sequence[Prompt]) -> None:
+        self.ids = {e.id for e in evals}
+        self._exact: dict[str, str] = {}
+        self._by_window: dict[tuple[str, ...], list[tuple[tuple[str, ...], str]]] = {}
+        self._short: list[tuple[str, str]] = []  # long texts of fewer than _WINDOW words
+        for e in evals:
+            text = _words(e)
+            core = " ".join(m.content for m in e.messages)
+            for instruction in (GSM8K_INSTRUCTION, HUMANEVAL_INSTRUCTION):
+                core = core.replace(instruction, " ")
+            self._exact.setdefault(" ".join(text), e.id)
+            for words in {tuple(text), tuple(core.split())}:
+                if len(" ".join(words)) < _MIN_CONTAINED:
+                    continue
+                if len(words) < _WINDOW:
+                    self._short.append((" ".join(words), e.id))
+                else:
+                    self._by_window.setdefault(words[:_WINDOW], []).append((words, e.id))
+
+    def find(self, p: Prompt) -> str | None:
+        """The id of an eval prompt ``p`` overlaps, else None."""
+        if p.id in self.ids:
+            return p.id
+        words = _words(p)
+        joined = " ".join(words)
+        if joined in self._exact:
+            return self._exact[joined]
+        for i in range(len(words) - _WINDOW + 1):
+            for ev, eid in self._by_window.get(tuple(words[i : i + _WINDOW]), ()):
+                if tuple(words[i : i + len(ev)]) == ev:
+                    return eid
+        for text, eid in self._short:
+            if text in joined:
+                return eid
+        return None
+
+
+def assert_disjoint(train: Sequence[Prompt], evals: Sequence[Prompt] | EvalIndex) -> None:
     """Refuse any shared id, or any eval prompt text contained in a training prompt."""
-    shared = {p.id for p in train} & {p.id for p in evals}
+    index = evals if isinstance(evals, EvalIndex) else EvalIndex(evals)
+    shared = sorted({p.id for p in train} & index.ids)
     if shared:
-        raise AssertionError(f"training prompts reuse eval ids: {sorted(shared)[:5]}")
-    train_texts = [_texts(p) for p in train]
-    train_set = set(train_texts)
-    for e in evals:
-        text = _texts(e)
-        if text in train_set or any(len(text) >= 40 and text in t for t in train_texts):
-            raise AssertionError(f"eval prompt {e.id} appears in the training prompts")
+        raise AssertionError(f"training prompts reuse eval ids: {shared[:5]}")
+    for p in train:
+        hit = index.find(p)
+        if hit is not None:
+            raise AssertionError(f"eval prompt {hit} appears in the training prompts ({p.id})")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    """What one ``data.sources`` entry gave: rows read (files), prompts kept, skips by
+    reason with the first few, and whether its ``limit`` stopped the reading."""
+
+    source: str
+    rows: int
+    prompts: int
+    skipped: dict[str, int]
+    examples: tuple[str, ...]
+    limit_reached: bool = False
+
+    def summary(self) -> str:
+        rows = f"{self.rows} rows -> " if self.source != "builtin" else ""
+        line = f"[data] {self.source}: {rows}{self.prompts} prompts"
+        if self.limit_reached:
+            line += " (limit reached)"
+        if self.skipped:
+            counts = ", ".join(f"{r} {n}" for r, n in sorted(self.skipped.items()))
+            line += f"; skipped {counts}"
+            line += "".join(f"\n[data]   {e}" for e in self.examples)
+        return line
+
+    def as_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "examples": list(self.examples)}
+
+
+def _report(source: str, rows: int, kept: int, log: SkipLog, limited: bool) -> SourceReport:
+    return SourceReport(source, rows, kept, dict(log.counts), tuple(log.examples), limited)
+
+
+Encode = Callable[[list[dict[str, str]]], list[int]]
+
+
+def _builtin_prompts(
+    src: BuiltinSource, data: DataConfig, encode: Encode, index: EvalIndex, max_examples: int
+) -> tuple[list[tuple[Prompt, list[int]]], SourceReport]:
+    prompts = build_training_prompts(*src.counts(data), data.seed)
+    assert_disjoint(prompts, index)  # the builders' own data: an overlap is a bug, refuse
+    log, out = SkipLog(max_examples), []
+    for p in prompts:
+        ids = encode(p.chat())
+        if len(ids) > data.max_prompt_tokens:
+            log.add(
+                "over_long",
+                p.id,
+                f"{len(ids)} tokens > data.max_prompt_tokens={data.max_prompt_tokens}",
+            )
+            continue
+        out.append((p, ids))
+    return out, _report("builtin", len(prompts), len(out), log, False)
+
+
+def _jsonl_prompts(
+    src: JsonlSource,
+    i: int,
+    data: DataConfig,
+    encode: Encode,
+    index: EvalIndex,
+    max_examples: int,
+) -> tuple[list[tuple[Prompt, list[int]]], SourceReport]:
+    from jinja2 import TemplateError
+
+    path = Path(src.path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"data.sources[{i}].path: {path} not found (relative paths are relative to the "
+            "repository root)"
+        )
+    log, out, rows, limited = SkipLog(max_examples), [], 0, False
+    for row in read_chat_rows(path, log):
+        rows += 1
+        for k, p in enumerate(row.prompts(src.domain), start=1):  # type: ignore[arg-type]
+            where = f"{row.where} reply {k}"
+            hit = index.find(p)
+            if hit is not None:
+                log.add("eval_overlap", where, f"contains {hit}")
+                continue
+            try:
+                ids = encode(p.chat())
+            except (TemplateError, ValueError) as exc:
+                log.add("template_error", where, str(exc)[:160])
+                continue
+            if len(ids) > data.max_prompt_tokens:
+                log.add(
+                    "over_long",
+                    where,
+                    f"{len(ids)} tokens > data.max_prompt_tokens={data.max_prompt_tokens}",
+                )
+                continue
+            out.append((p, ids))
+            if src.limit is not None and len(out) >= src.limit:
+                limited = True
+                break
+        if limited:
+            break
+    rows += log.rows
+    if not out:
+        counts = ", ".join(f"{r} {n}" for r, n in sorted(log.counts.items())) or "no rows"
+        first = "; ".join(log.examples[:3])
+        fix = log.fix() or ROW_REASONS["no_conversation"]
+        raise ValueError(
+            f"data.sources[{i}]: {path} gave no usable prompt ({rows} rows; skipped {counts}"
+            f"{'; first: ' + first if first else ''}). Fix: {fix}"
+        )
+    return out, _report(str(path), rows, len(out), log, limited)
+
+
+def collect_training_prompts(
+    data: DataConfig,
+    encode: Encode,
+    evals: Sequence[Prompt],
+    *,
+    max_examples: int = 5,
+) -> tuple[list[tuple[Prompt, list[int]]], list[SourceReport]]:
+    """Every source of ``data`` as ``(prompt, token ids)``, interleaved source by source
+    (a prefix is a mix, as within the built-in mix), and one report per source.
+
+    ``encode`` applies the target's chat template. A prompt over ``data.max_prompt_tokens``
+    is skipped and counted; a file's prompt that contains an eval prompt is skipped and
+    counted (the built-in mix refuses one: it would be a bug in its builders); a file
+    with no usable prompt raises naming its reasons and the fix.
+    """
+    index = EvalIndex(evals)
+    per_source: list[list[tuple[Prompt, list[int]]]] = []
+    reports: list[SourceReport] = []
+    for i, src in enumerate(data.sources):
+        if isinstance(src, BuiltinSource):
+            got, report = _builtin_prompts(src, data, encode, index, max_examples)
+        else:
+            got, report = _jsonl_prompts(src, i, data, encode, index, max_examples)
+        per_source.append(got)
+        reports.append(report)
+    out = [g[j] for j in range(max(map(len, per_source))) for g in per_source if j < len(g)]
+    ids = [p.id for p, _ in out]
+    if len(set(ids)) != len(ids):
+        dup = sorted({x for x in ids if ids.count(x) > 1})[:5]
+        raise ValueError(f"prompt ids {dup} come from two sources; rename one of the files")
+    assert_disjoint([p for p, _ in out], index)
+    return out, reports

@@ -4,8 +4,9 @@ One step: pack cached sequences with their sampled anchors into a batch, run
 the drafter on every anchor's block (teacher forcing), apply the frozen LM
 head to the *target's* cached last hidden states at the same positions to get
 the target distributions, and minimise ``losses.dspark_loss`` (+ a small MoE
-load-balancing term). The target, its embedding and its LM head are frozen;
-only the drafter's own parameters are in the optimizer.
+load-balancing term over the real anchors' rows, ``balance_loss``). The target,
+its embedding and its LM head are frozen; only the drafter's own parameters are
+in the optimizer.
 
 Reproducibility is structural: the batch plan of epoch ``e`` (sequence
 order, anchors, packing) is a pure function of ``(run.seed, e)``, so a resumed
@@ -14,10 +15,19 @@ holds drafter weights (through the drafter's own save function), optimizer,
 scheduler and RNG states, and the position in the plan. Resumed and
 uninterrupted runs therefore produce identical weights (a test checks bitwise
 equality on CPU with fixed threads).
+
+Devices and processes: ``run.device`` (cpu, cuda, cuda:N) holds the frozen
+embedding / LM head, the drafter and every tensor of a step; ``run.autocast``
+applies on that device type; a background thread prepares the next
+``run.prefetch`` batches. Under ``torchrun`` each process trains on its share of
+every global batch under DDP, with the loss and the MoE balancing statistics
+normalised over the global batch (``training/distributed.py``); rank 0 writes
+checkpoints and logs, and a checkpoint resumes at any world size.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -43,16 +53,26 @@ from dspark_sglang.model import (
     markov_logits,
     save_drafter,
 )
-from dspark_sglang.training.anchors import pack_batches, sample_anchors
 from dspark_sglang.model.ar_drafter import (
     ARDrafter,
     ARDrafterConfig,
     load_ar_drafter,
     save_ar_drafter,
 )
+from dspark_sglang.model.moe import MoEFFN
+from dspark_sglang.training.anchors import pack_batches, sample_anchors
 from dspark_sglang.training.config import TrainConfig
-from dspark_sglang.training.dataset import HiddenCache, TrainBatch, make_batch
-from dspark_sglang.training.losses import LossTerms, dspark_loss
+from dspark_sglang.training.dataset import HiddenCache, Prefetcher, TrainBatch, make_batch
+from dspark_sglang.training.distributed import (
+    DistContext,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    resolve_device,
+    shard_batch,
+    wrap_ddp,
+)
+from dspark_sglang.training.losses import LossTerms, dspark_loss, loss_denominators
 
 Drafter = DSparkDrafter | ARDrafter
 STATE_FILE = "train_state.pt"
@@ -127,7 +147,8 @@ def load_any_drafter(
 @dataclass(frozen=True)
 class DraftOutputs:
     """Per valid anchor ``N``: logits ``[N, B, V]`` (after any Markov bias), confidence
-    logits ``[N, B]`` or None, and the MoE auxiliary loss (scalar)."""
+    logits ``[N, B]`` or None, and the drafter's own MoE auxiliary loss (scalar, over every
+    block row including padding anchors; the training loss uses ``balance_loss``)."""
 
     logits: torch.Tensor
     conf_logits: torch.Tensor | None
@@ -145,7 +166,8 @@ def draft_outputs(drafter: Drafter, batch: TrainBatch) -> DraftOutputs:
         logits = drafter.lm_head(hidden).float()
         return DraftOutputs(logits, None, logits.new_zeros(()))
     T = batch.tokens.shape[1]
-    ctx_valid = torch.arange(T).unsqueeze(0) < batch.seq_lens.unsqueeze(1)
+    positions = torch.arange(T, device=batch.tokens.device)
+    ctx_valid = positions.unsqueeze(0) < batch.seq_lens.unsqueeze(1)
     ah = drafter.forward_anchors(
         batch.context_hidden, batch.anchors, batch.anchor_tokens, ctx_valid
     )
@@ -157,22 +179,144 @@ def draft_outputs(drafter: Drafter, batch: TrainBatch) -> DraftOutputs:
     return DraftOutputs(ml.logits, ml.confidence_logits, ah.aux_loss)
 
 
+class DraftStep(nn.Module):
+    """The drafter's whole training forward as one ``forward`` (what DDP wraps).
+
+    DDP synchronises gradients of what runs through its ``forward``; the trainer
+    calls several drafter entry points (``forward_anchors``, the heads), so they
+    run here. The MoE routers' logits are captured with forward hooks on their
+    ``gate`` for ``balance_loss``.
+    """
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self._gates = [(m.gate, m.top_k) for m in drafter.modules() if isinstance(m, MoEFFN)]
+
+    def forward(
+        self, batch: TrainBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, ...]]:
+        captured: list[torch.Tensor] = []
+        handles = [
+            gate.register_forward_hook(lambda _m, _a, out: captured.append(out))
+            for gate, _ in self._gates
+        ]
+        try:
+            out = draft_outputs(self.drafter, batch)
+        finally:
+            for h in handles:
+                h.remove()
+        return out.logits, out.conf_logits, out.aux_loss, tuple(captured)
+
+    def router_top_k(self) -> list[int]:
+        return [k for _, k in self._gates]
+
+
+def balance_loss(
+    router_logits: tuple[torch.Tensor, ...] | list[torch.Tensor],
+    top_k: list[int],
+    row_mask: torch.Tensor,
+    ctx: DistContext | None = None,
+) -> torch.Tensor:
+    """MoE load-balancing loss over the real (non-padding) rows of the global batch.
+
+    Per MoE layer, the Switch loss ``E * sum_e f_e * P_e`` (``model/moe.py``) with
+    ``f_e`` the share of routing slots that went to expert ``e`` and ``P_e`` the mean
+    router probability, both over the rows ``row_mask`` marks (rows of padding anchors
+    are left out), summed over layers. With several processes the expert counts and
+    the row count are all-reduced first and this process returns its share
+    ``E * sum_e f_e * (sum of its rows' p_e) / N_global``: the shares sum to the loss
+    of the whole global batch, with the same gradient (``f`` carries none).
+    """
+    device = row_mask.device
+    if len(router_logits) != len(top_k):
+        raise RuntimeError(
+            f"captured {len(router_logits)} router calls for {len(top_k)} MoE layers; "
+            "an MoE layer ran more than once per step"
+        )
+    if not router_logits:
+        return torch.zeros((), device=device)
+    m = row_mask.reshape(-1).to(torch.float32)
+    probs_l, local = [], [m.sum().reshape(1)]
+    for logits, k in zip(router_logits, top_k, strict=True):
+        if logits.shape[0] != m.numel():
+            raise RuntimeError(
+                f"an MoE router saw {logits.shape[0]} rows but the batch has {m.numel()} "
+                "block rows (S * A * B); the drafter's row layout changed"
+            )
+        probs = torch.softmax(logits.float(), dim=-1)  # as model/moe.py's route()
+        experts = torch.topk(probs, k, dim=-1).indices
+        counts = torch.zeros(probs.shape[-1], device=device, dtype=torch.float32)
+        counts.index_add_(0, experts.reshape(-1), m.repeat_interleave(k))
+        probs_l.append(probs)
+        local.append(counts)
+    stats = torch.cat(local).detach()
+    if ctx is not None:
+        all_reduce_sum(stats, ctx)
+    n = stats[0].clamp_min(1.0)
+    total = torch.zeros((), device=device)
+    offset = 1
+    for probs, k in zip(probs_l, top_k, strict=True):
+        e = probs.shape[-1]
+        f = stats[offset : offset + e] / (n * k)
+        offset += e
+        p_share = (probs * m[:, None]).sum(0) / n
+        total = total + e * (f * p_share).sum()
+    return total
+
+
 def batch_loss(
-    drafter: Drafter, lm_head: nn.Linear, batch: TrainBatch, cfg: TrainConfig
+    drafter: Drafter | nn.Module,
+    lm_head: nn.Linear,
+    batch: TrainBatch,
+    cfg: TrainConfig,
+    ctx: DistContext | None = None,
 ) -> tuple[torch.Tensor, LossTerms]:
-    """Total training loss of one batch (DSpark loss + weighted MoE aux loss) and its parts."""
+    """Total training loss of one batch (DSpark loss + weighted MoE aux loss) and its parts.
+
+    ``drafter`` is a drafter, its ``DraftStep`` or the DDP-wrapped ``DraftStep``. With
+    ``ctx`` of several processes, ``batch`` is this process's share of a global batch and
+    the result is this share of the global loss (the denominators are all-reduced): the
+    shares of all processes sum to the loss one process computes on the whole batch.
+    """
+    step = drafter if isinstance(drafter, DraftStep) else getattr(drafter, "module", None)
+    if not isinstance(step, DraftStep):
+        step = DraftStep(drafter)  # type: ignore[arg-type]
+        drafter = step
+    device_type = batch.tokens.device.type
     bf16 = cfg.run.autocast == "bfloat16"
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        out = draft_outputs(drafter, batch)
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits, conf, _, router = drafter(batch)
         sel = batch.anchor_mask
         with torch.no_grad():
             target_logits = lm_head(batch.target_last[sel]).float()
-    conf = None if out.conf_logits is None else out.conf_logits.float()
+    conf = None if conf is None else conf.float()
+    denominators = None
+    if ctx is not None and ctx.enabled:
+        denominators = all_reduce_sum(loss_denominators(batch.valid[sel], cfg.loss.gamma), ctx)
     # The loss itself (softmaxes, L1 over the vocabulary, BCE) always runs in float32.
     terms = dspark_loss(
-        out.logits.float(), target_logits, batch.labels[sel], batch.valid[sel], conf, cfg.loss
+        logits.float(),
+        target_logits,
+        batch.labels[sel],
+        batch.valid[sel],
+        conf,
+        cfg.loss,
+        denominators=denominators,
     )
-    return terms.total + cfg.optim.aux_loss_weight * out.aux_loss.float(), terms
+    rows = batch.anchor_mask.unsqueeze(-1).expand(*batch.anchor_mask.shape, cfg.drafter.block_size)
+    aux = balance_loss(router, step.router_top_k(), rows, ctx)
+    return terms.total + cfg.optim.aux_loss_weight * aux, terms
+
+
+def backward(loss: torch.Tensor, ctx: DistContext | None = None) -> None:
+    """Gradients of the global loss from this process's share of it.
+
+    DDP averages gradients over the ranks; each ``batch_loss`` is a share of the global
+    mean (the shares sum to it), so each rank back-propagates ``world_size`` times its
+    share and the average is the gradient of the sum.
+    """
+    (loss * ctx.world_size if ctx is not None and ctx.enabled else loss).backward()
 
 
 # --------------------------------------------------------------------------- schedule / plan
@@ -210,9 +354,31 @@ def epoch_plan(
     return batches, anchors
 
 
-def iterate_batches(
-    cache: HiddenCache, cfg: TrainConfig, start_epoch: int, start_batch: int
-) -> Iterator[tuple[int, int, TrainBatch]]:
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of global batch ``batch`` of ``epoch`` (all of it with one)."""
+
+    epoch: int
+    batch: int
+    data: TrainBatch
+    global_anchors: int
+
+
+def iterate_shards(
+    cache: HiddenCache,
+    cfg: TrainConfig,
+    start_epoch: int,
+    start_batch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> Iterator[Shard]:
+    """The global batches from ``(start_epoch, start_batch)`` on, cut for ``rank``.
+
+    The plan is the same at every world size; ``shard_batch`` splits each global batch's
+    sequences. A rank left without sequences gets a batch with every anchor masked out
+    (it weighs nothing but keeps the collectives in step).
+    """
     epoch, skip = start_epoch, start_batch
     while True:
         batches, anchors = epoch_plan(cache, cfg, epoch)
@@ -222,14 +388,25 @@ def iterate_batches(
             )
         for b in range(skip, len(batches)):
             idx = batches[b]
-            yield (
-                epoch,
-                b,
-                make_batch(
-                    [cache[i] for i in idx], [anchors[i] for i in idx], cfg.drafter.block_size
-                ),
+            mine = shard_batch(idx, cache.seq_lens, world_size, rank)
+            take = mine or idx[:1]
+            tb = make_batch(
+                [cache[i] for i in take], [anchors[i] for i in take], cfg.drafter.block_size
             )
+            if not mine:
+                tb = tb.without_anchors()
+            if pin_memory:
+                tb = tb.pin_memory()
+            yield Shard(epoch, b, tb, sum(int(anchors[i].numel()) for i in idx))
         epoch, skip = epoch + 1, 0
+
+
+def iterate_batches(
+    cache: HiddenCache, cfg: TrainConfig, start_epoch: int, start_batch: int
+) -> Iterator[tuple[int, int, TrainBatch]]:
+    """``(epoch, batch index, whole global batch)`` from ``(start_epoch, start_batch)`` on."""
+    for sh in iterate_shards(cache, cfg, start_epoch, start_batch):
+        yield sh.epoch, sh.batch, sh.data
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -268,18 +445,27 @@ def init_checkpoint(cfg: TrainConfig) -> Path:
     return ckpt
 
 
-def _rng_state() -> dict[str, Any]:
-    return {
+def _rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """CPU torch, Python and NumPy generators, and every visible GPU's when training on CUDA."""
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
         "numpy": np.random.get_state(),
     }
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of ``_rng_state``; GPU states are restored when this run is on CUDA too
+    (the first ``device_count`` of them: a resume on fewer GPUs keeps those it has)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+    if "cuda" in state and device is not None and device.type == "cuda":
+        for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
 
 
 @dataclass(frozen=True)
@@ -294,7 +480,12 @@ class TrainResult:
 
 
 class Trainer:
-    """Owns one run directory: ``checkpoints/step-NNNNNN/``, ``log.jsonl``, ``loss_curves.png``."""
+    """Owns one run directory: ``checkpoints/step-NNNNNN/``, ``log.jsonl``, ``loss_curves.png``.
+
+    ``run.device`` is resolved here (an error naming it when CUDA is asked for and
+    absent); the frozen embedding and LM head move there (a float32 copy when the
+    target was loaded at lower precision and ``run.autocast`` is float32).
+    """
 
     def __init__(
         self,
@@ -309,8 +500,9 @@ class Trainer:
         self.cfg = cfg
         self.cache = cache
         self.spec = spec
-        self.embed_tokens = embed_tokens.requires_grad_(False)
-        self.lm_head = lm_head.requires_grad_(False)
+        self.device = resolve_device(cfg.run.device)
+        self.embed_tokens = _frozen_on(embed_tokens, self.device, cfg.run.autocast)
+        self.lm_head = _frozen_on(lm_head, self.device, cfg.run.autocast)
         self.hf_config = hf_config
         self.mask_token_id = mask_token_id
         self.out_dir = Path(cfg.run.out_dir)
@@ -322,6 +514,9 @@ class Trainer:
             )
 
     def _make_optimizer(self, drafter: Drafter) -> tuple[torch.optim.Optimizer, Any]:
+        """AdamW over the *unwrapped* drafter's parameters (the same groups at any world
+        size, so optimizer state moves between them): decayed matrices, undecayed
+        vectors, and the Markov head at ``optim.markov_lr_scale`` times the rate."""
         o = self.cfg.optim
         named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
         markov = [p for n, p in named if n.startswith("markov_head.")]
@@ -346,7 +541,10 @@ class Trainer:
         step: int,
         epoch: int,
         batch: int,
+        world_size: int = 1,
     ) -> Path:
+        """Write ``checkpoints/step-NNNNNN`` (call on rank 0 only): the unwrapped drafter,
+        optimizer, schedule, RNG states and the position in the global batch plan."""
         root = self.out_dir / "checkpoints"
         final = root / f"step-{step:06d}"
         tmp = root / f".tmp-step-{step:06d}"
@@ -360,8 +558,9 @@ class Trainer:
                 "batch": batch,
                 "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(),
-                "rng": _rng_state(),
+                "rng": _rng_state(self.device),
                 "config": self.cfg.to_dict(),
+                "world_size": world_size,  # informational: any world size may resume
             },
             tmp / STATE_FILE,
         )
@@ -374,10 +573,10 @@ class Trainer:
 
     def _restore(self, ckpt: Path) -> tuple[Drafter, torch.optim.Optimizer, Any, dict[str, Any]]:
         """A checkpoint's drafter, a fresh optimizer + schedule for it, and its train state."""
-        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        state = torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
         drafter = load_any_drafter(
             ckpt / DRAFTER_DIR, self.cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
-        )
+        ).to(self.device)
         opt, sched = self._make_optimizer(drafter)
         return drafter, opt, sched, state
 
@@ -388,10 +587,19 @@ class Trainer:
 
         ``stop_at`` ends the session early at that step (with a checkpoint) without
         changing the schedule, so a long run can be split across sessions.
+
+        Under torchrun (or in an initialised process group) every process calls this;
+        the run directory must be the same folder for all (a shared filesystem).
         """
         cfg = self.cfg
         torch.set_num_threads(cfg.run.threads)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        ctx = init_distributed(cfg.run.device)
+        if ctx.device != self.device:
+            raise RuntimeError(f"process device {ctx.device} != trainer device {self.device}")
+        main = ctx.is_main
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        barrier(ctx)
         ckpt = latest_checkpoint(self.out_dir) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(
@@ -408,7 +616,7 @@ class Trainer:
             drafter, opt, sched, state = self._restore(ckpt)
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"])
+            _set_rng_state(state["rng"], self.device)
             step, epoch, batch = int(state["step"]), int(state["epoch"]), int(state["batch"])
         elif init is not None:
             drafter, opt, sched, state = self._restore(init)
@@ -431,70 +639,91 @@ class Trainer:
             ):
                 group["lr"] = base * lam(step)
             sched._last_lr = [g["lr"] for g in opt.param_groups]
-            _set_rng_state(state["rng"])
+            _set_rng_state(state["rng"], self.device)
             epoch, batch = int(state["epoch"]) + 1, 0
             history = [r for r in _read_log(init.parent.parent / "log.jsonl") if r["step"] <= step]
         else:
             drafter = build_drafter(
                 cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
-            )
+            ).to(self.device)
             opt, sched = self._make_optimizer(drafter)
             torch.manual_seed(cfg.run.seed)
             step, epoch, batch = 0, 0, 0
         log_path = self.out_dir / "log.jsonl"
         if init is None:
             history = [r for r in _read_log(log_path) if r["step"] <= step]
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
-        (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        barrier(ctx)  # every rank has read the old log before rank 0 rewrites it
+        if main:
+            log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+            (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
         drafter.train()
+        # DDP over the whole forward; the optimizer keeps the unwrapped drafter's groups.
+        model = wrap_ddp(DraftStep(drafter), ctx)
         trainable = [p for p in drafter.parameters() if p.requires_grad]
         bar = tqdm(
             total=cfg.optim.max_steps,
             initial=step,
             desc=f"train {cfg.name}",
             unit="step",
-            disable=not progress,
+            disable=not (progress and main),
         )
         t_start, steps_done, anchors_done = time.perf_counter(), 0, 0
         last_ckpt = ckpt
-        it = iterate_batches(self.cache, cfg, epoch, batch)
-        with log_path.open("a") as log:
+        pin = self.device.type == "cuda"
+        shards = Prefetcher(
+            iterate_shards(self.cache, cfg, epoch, batch, ctx.rank, ctx.world_size, pin_memory=pin),
+            cfg.run.prefetch,
+        )
+        log = log_path.open("a") if main else None
+        try:
             end = cfg.optim.max_steps if stop_at is None else min(stop_at, cfg.optim.max_steps)
             while step < end:
-                epoch, b, tb = next(it)
-                loss, terms = batch_loss(drafter, self.lm_head, tb, cfg)
+                sh = next(shards)
+                epoch, b = sh.epoch, sh.batch
+                tb = sh.data.to(self.device, non_blocking=pin)
+                loss, terms = batch_loss(model, self.lm_head, tb, cfg, ctx)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                backward(loss, ctx)
                 gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip))
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
                 sched.step()
                 step += 1
                 steps_done += 1
-                anchors_done += tb.num_anchors
+                anchors_done += sh.global_anchors
+                total, parts, accept = _global_figures(loss, terms, ctx)
                 if step % cfg.run.log_every == 0 or step == 1 or step == cfg.optim.max_steps:
                     rec = {
                         "step": step,
                         "epoch": epoch,
                         "lr": lr,
                         "grad_norm": gnorm,
-                        "anchors": tb.num_anchors,
-                        **terms.as_floats(),
-                        "total": float(loss.detach()),
-                        "accept_per_slot": [round(float(x), 5) for x in terms.accept_per_slot],
+                        "anchors": sh.global_anchors,
+                        **parts,
+                        "total": total,
+                        "accept_per_slot": [round(x, 5) for x in accept],
                     }
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
+                    if log is not None:
+                        log.write(json.dumps(rec) + "\n")
+                        log.flush()
                     history.append(rec)
                 bar.update(1)
-                bar.set_postfix(
-                    loss=f"{float(loss.detach()):.3f}",
-                    acc0=f"{float(terms.accept_per_slot[0]):.2f}",
-                )
+                bar.set_postfix(loss=f"{total:.3f}", acc0=f"{accept[0]:.2f}")
                 if step % cfg.run.checkpoint_every == 0 or step == end:
-                    last_ckpt = self.save_checkpoint(drafter, opt, sched, step, epoch, b + 1)
-                    plot_curves(history, self.out_dir / "loss_curves.png", cfg.name)
+                    root = self.out_dir / "checkpoints"
+                    if main:
+                        last_ckpt = self.save_checkpoint(
+                            drafter, opt, sched, step, epoch, b + 1, ctx.world_size
+                        )
+                        plot_curves(history, self.out_dir / "loss_curves.png", cfg.name)
+                    else:
+                        last_ckpt = root / f"step-{step:06d}"
+                    barrier(ctx)
+        finally:
+            shards.close()
+            if log is not None:
+                log.close()
         bar.close()
         elapsed = time.perf_counter() - t_start
         assert last_ckpt is not None
@@ -507,11 +736,45 @@ class Trainer:
             first_loss=history[0]["total"] if history else float("nan"),
             last_loss=history[-1]["total"] if history else float("nan"),
         )
-        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
-        summary["threads"] = cfg.run.threads
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if main:
+            summary = {
+                k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()
+            }
+            summary["threads"] = cfg.run.threads
+            summary["device"] = str(self.device)
+            summary["world_size"] = ctx.world_size
+            (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        barrier(ctx)
         self.drafter = drafter
         return result
+
+
+def _frozen_on(module: nn.Module, device: torch.device, autocast: str) -> Any:
+    """A frozen target module on ``device``; a float32 copy if it is stored at lower
+    precision and no autocast would reconcile it with the float32 drafter."""
+    module.requires_grad_(False)
+    weight = next(module.parameters())
+    if weight.dtype != torch.float32 and autocast == "float32":
+        module = copy.deepcopy(module).float()
+    return module.to(device)
+
+
+def _global_figures(
+    loss: torch.Tensor, terms: LossTerms, ctx: DistContext
+) -> tuple[float, dict[str, float], list[float]]:
+    """The logged numbers of the global batch: this process's shares summed over ranks
+    (one all-reduce; with one process they are the numbers themselves, bit for bit)."""
+    vec = torch.cat(
+        [
+            torch.stack([loss.detach(), terms.total.detach(), terms.ce, terms.l1, terms.bce])
+            .detach()
+            .float(),
+            terms.accept_per_slot.detach().float(),
+        ]
+    )
+    vals = all_reduce_sum(vec, ctx).tolist()
+    parts = {"loss": vals[1], "ce": vals[2], "l1": vals[3], "bce": vals[4]}
+    return vals[0], parts, vals[5:]
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
