@@ -53,6 +53,20 @@ def _pairs(text: str | None, flag: str, value_type: type) -> dict[str, float]:
     return out
 
 
+def _tier_names(text: str | None) -> dict[float, str]:
+    """``--tier 120=interactive,80=standard`` -> ``{120.0: "interactive", 80.0: "standard"}``."""
+    out: dict[float, str] = {}
+    for key, name in _pairs(text, "--tier", str).items():
+        try:
+            sla = float(key)
+        except ValueError:
+            sla = None
+        if sla is None or not name:
+            raise ValueError(f"--tier {key}={name}: expected SLA=NAME, e.g. --tier 120=interactive")
+        out[sla] = str(name)
+    return out
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_arguments(p)
     p.add_argument("--sla", required=True, help="comma-separated tok/s/user targets, e.g. 80,120")
@@ -142,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         slas = csv_numbers(args.sla, float)
-        explicit = {float(k): str(v) for k, v in _pairs(args.tier, "--tier", str).items()}
+        explicit = _tier_names(args.tier)
         users = _pairs(args.users, "--users", float)
         rps = _pairs(args.rps, "--rps", float)
         both = sorted(set(users) & set(rps))

@@ -41,7 +41,6 @@ __all__ = [
     "ProfileIdentity",
     "TierLoad",
     "apply_plan",
-    "base_tier_names",
     "load_base_values",
     "map_tiers",
     "replicas_for",
@@ -111,10 +110,6 @@ def load_base_values(path: Path) -> dict[str, Any]:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise PlanError(f"--base-values {path}: slaTiers[{i}] has no name")
     return doc
-
-
-def base_tier_names(base: Mapping[str, Any]) -> list[str]:
-    return [t["name"] for t in base["slaTiers"]]
 
 
 def map_tiers(

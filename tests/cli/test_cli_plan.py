@@ -182,3 +182,14 @@ def test_an_sla_without_a_tier_must_be_named(tmp_path: Path, capsys) -> None:
     assert rc == 0
     tiers = {t["name"]: t for t in yaml.safe_load(out.read_text())["slaTiers"]}
     assert set(tiers) == {"interactive", "batch"} and tiers["batch"]["minTokensPerSecPerUser"] == 3
+
+
+def test_malformed_tier_and_load_flags_name_the_flag(tmp_path: Path, capsys) -> None:
+    for flag, value, msg in (
+        ("--tier", "fast=interactive", "--tier fast=interactive: expected SLA=NAME"),
+        ("--users", "interactive", "--users 'interactive': expected NAME=NUMBER"),
+        ("--rps", "batch=x", "--rps 'batch=x': expected NAME=NUMBER"),
+    ):
+        rc, out = _plan(tmp_path, "--base-values", str(LIVE_VALUES), flag, value)
+        assert rc == 2 and not out.exists()
+        assert msg in capsys.readouterr().err
