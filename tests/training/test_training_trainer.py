@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_training_target import TINY_LAYER_IDS, tiny_llama
+from tiny_dist import tiny_cfg
+from tiny_training_target import tiny_llama
 
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig, load_config
@@ -20,26 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _tiny_cfg(kind: str, data_dir: Path, out_dir: Path, steps: int, **optim: float) -> TrainConfig:
-    model: dict[str, object] = {}
-    if kind in ("dspark", "dflash"):
-        model = {
-            "num_hidden_layers": 1,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "sliding_window": 16,
-        }
-        if kind == "dspark":
-            model["markov_rank"] = 16
-    raw = {
-        "name": f"tiny_{kind}",
-        "target": {"name": "tiny", "layer_ids": list(TINY_LAYER_IDS)},
-        "data": {"dir": str(data_dir)},
-        "drafter": {"kind": kind, "block_size": 4, "model": model},
-        "anchors": {"anchors_per_seq": 8, "max_anchors_per_batch": 24, "max_tokens_per_batch": 256},
-        "optim": {"lr": 3e-3, "warmup_steps": 2, "max_steps": steps, **optim},
-        "run": {"out_dir": str(out_dir), "checkpoint_every": 5, "log_every": 1, "threads": 1},
-    }
-    return TrainConfig.from_dict(raw)
+    """``tiny_dist.tiny_cfg`` (the trainer tests' tiny config) with optimiser overrides."""
+    return tiny_cfg(kind, data_dir, out_dir, steps, optim=optim)
 
 
 def _trainer(cfg: TrainConfig, data_dir: Path) -> Trainer:
