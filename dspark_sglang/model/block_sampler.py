@@ -12,8 +12,11 @@ Given a ``DraftBlock`` (hidden ``h_k`` and base logits ``z_k`` for slots
     confidence_k = ConfidenceHead(h_k, E[prev_k])        raw logit
 
 Invariant: ``probs[:, k]`` is exactly the distribution ``y_k`` was drawn from,
-so lossless verification can use it as ``p_d``; ``prev_{k+1}`` is the sampled
-token, never the argmax. Training uses ``markov_logits`` (teacher forcing: the
+over the target's whole vocabulary, so lossless verification can use it as
+``p_d``; ``prev_{k+1}`` is the sampled token, never the argmax. A drafter with a
+reduced vocabulary ``S`` (``model/vocab.py``) samples among its ``K`` tokens; the
+index drawn is mapped to its target id and ``q_k`` is scattered into the full
+vocabulary with zeros outside ``S``. Training uses ``markov_logits`` (teacher forcing: the
 true previous tokens replace the samples, so no loop is needed except for the
 RNN head's B-step recurrence).
 """
@@ -30,8 +33,9 @@ from dspark_sglang.sampling import logits_to_probs, sample
 
 @dataclass(frozen=True)
 class DraftProposal:
-    """``tokens`` ``[N, B]``, ``probs`` ``[N, B, V]`` (float32, the processed distribution
-    each token was drawn from) and raw ``confidence_logits`` ``[N, B]`` (or ``None``)."""
+    """``tokens`` ``[N, B]`` (target ids), ``probs`` ``[N, B, V]`` (float32, the processed
+    distribution each token was drawn from, over the target's vocabulary) and raw
+    ``confidence_logits`` ``[N, B]`` (or ``None``)."""
 
     tokens: torch.Tensor
     probs: torch.Tensor
@@ -40,7 +44,8 @@ class DraftProposal:
 
 @dataclass(frozen=True)
 class MarkovLogits:
-    """Teacher-forced ``logits`` ``[..., B, V]`` (base + Markov bias, float32) and raw
+    """Teacher-forced ``logits`` ``[..., B, K]`` over the draft vocabulary (base + Markov
+    bias, float32; ``K = V`` unless the drafter's vocabulary is reduced) and raw
     ``confidence_logits`` ``[..., B]`` (or ``None`` without a confidence head)."""
 
     logits: torch.Tensor
@@ -87,9 +92,9 @@ def sample_block(
             bias, state = head.step(prev, hidden[:, k], state)
             logits = logits + bias.float()
         q = logits_to_probs(logits, temperature, top_k, top_p)
-        y = sample(q, generator)
+        y = drafter.to_target_vocab(sample(q, generator))
         tokens.append(y)
-        probs.append(q)
+        probs.append(drafter.scatter_to_target_vocab(q))
         prev = y
     token_tensor = torch.stack(tokens, dim=1)
     prev_tokens = torch.cat([anchor_tokens.long().view(n, 1), token_tensor[:, :-1]], dim=1)

@@ -30,6 +30,7 @@ from dspark_sglang.model.config import (
     hf_torch_dtype,
 )
 from dspark_sglang.model.drafter import DSparkDrafter
+from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, check_draft_vocab_ids
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -216,7 +217,12 @@ def _check_tensors(
                 f"({_torch_name(want_dtype)}, or one of {', '.join(HF_TORCH_DTYPES)}: cast on "
                 "load); the weights are not a drafter's, re-save the drafter"
             )
-        if torch_dtype is not None and dtype != torch_dtype:
+        if not want_dtype.is_floating_point and dtype != _torch_name(want_dtype):
+            raise CheckpointError(
+                f"{weights_path}: tensor {name!r} has dtype {dtype}, expected "
+                f"{_torch_name(want_dtype)}; re-save the drafter"
+            )
+        if want_dtype.is_floating_point and torch_dtype is not None and dtype != torch_dtype:
             raise CheckpointError(
                 f"{weights_path}: tensor {name!r} is stored as {dtype} but config.json has "
                 f"torch_dtype={torch_dtype!r}; the weights do not match config.json (re-save "
@@ -261,6 +267,13 @@ def load_drafter(
                 f"{weights_path}: tensor {name!r} has non-finite values (NaN/inf); the "
                 "training run diverged, use an earlier checkpoint"
             )
+    if config.draft_vocab_size is not None:
+        try:
+            check_draft_vocab_ids(
+                state[DRAFT_VOCAB_BUFFER], config.vocab_size, config.draft_vocab_size
+            )
+        except ValueError as exc:
+            raise CheckpointError(f"{weights_path}: {exc}") from exc
     drafter = DSparkDrafter(config, embed_tokens, lm_head)
     drafter.load_state_dict(state, strict=True)
     return drafter

@@ -67,6 +67,8 @@ _HF_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
     {"architectures", "model_type", "dspark_config", "dflash_config", *_HF_MIRRORED_FIELDS}
 )
 _HF_OPTIONAL_KEYS: frozenset[str] = frozenset({"torch_dtype"})  # absent in old checkpoints
+# dspark_config fields that may be absent (older checkpoints), with the value absence means.
+_OPTIONAL_FIELDS: dict[str, Any] = {"draft_vocab_size": None}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -235,7 +237,9 @@ class DSparkConfig:
     head are the target's own (shared, frozen). ``target_layer_ids`` name the
     *output* of target decoder layer ``l`` (HF ``hidden_states[l + 1]``) and never
     the last layer. ``sliding_window`` bounds how far back the block looks into
-    the injected context (``None``: unbounded).
+    the injected context (``None``: unbounded). ``draft_vocab_size`` ``K`` restricts
+    what the drafter proposes to ``K`` target tokens (``model/vocab.py``; ``None``:
+    the whole vocabulary); the token ids themselves are a checkpoint tensor.
     """
 
     vocab_size: int
@@ -267,6 +271,7 @@ class DSparkConfig:
     confidence_head_with_markov: bool = True
     qk_norm: bool = True
     target_name: str
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         o = "DSparkConfig"
@@ -348,6 +353,8 @@ class DSparkConfig:
                 "confidence_head_with_markov=False or choose a Markov head"
             )
         _check_bool(o, "qk_norm", self.qk_norm)
+        if self.draft_vocab_size is not None:
+            _check_int(o, "draft_vocab_size", self.draft_vocab_size, lo=1, hi=self.vocab_size)
         if not isinstance(self.target_name, str) or not self.target_name:
             raise ValueError(
                 f"{o}.target_name must be a non-empty string naming the target the "
@@ -418,9 +425,13 @@ class DSparkConfig:
     # ------------------------------------------------------------------ HF JSON
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready (tuples become lists)."""
+        """Every field, JSON-ready (tuples become lists); optional fields at their
+        default are left out, so a drafter without them writes what older code read."""
         out = dataclasses.asdict(self)
         out["target_layer_ids"] = list(self.target_layer_ids)
+        for name, default in _OPTIONAL_FIELDS.items():
+            if out[name] == default:
+                del out[name]
         return out
 
     def to_hf_dict(self, *, torch_dtype: str | None = None) -> dict[str, Any]:
@@ -443,7 +454,7 @@ class DSparkConfig:
         """Inverse of ``to_dict``; unknown or missing keys are refused."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
-        missing = sorted(names - set(d))
+        missing = sorted(names - set(d) - set(_OPTIONAL_FIELDS))
         if unknown:
             raise ValueError(
                 f"dspark_config has unknown keys {unknown}; remove them (known: {sorted(names)})"

@@ -8,12 +8,14 @@ For a request whose last accepted token ``x_p`` sits at absolute position ``p``:
         x    = x + Attn(input_layernorm(x) | context c)  (attention.py: c -> extra K/V)
         x    = x + FFN(post_attention_layernorm(x))     (moe.py: MoE or dense SwiGLU)
     h        = norm(x)                                   [B, H]
-    z        = LMHead(h)                                 base logits; slot k predicts x_{p+k+1}
+    z        = LMHead_S(h)                               base logits; slot k predicts x_{p+k+1}
 
 ``m`` is ``mask_token_id``; ``Emb`` and ``LMHead`` are the target's, shared and
 frozen, and deliberately *not* submodules: they never appear in ``parameters()``
-or in a saved drafter checkpoint. The sequential Markov head and confidence head
-(heads.py) run on ``(h, z)`` afterwards (block_sampler.py).
+or in a saved drafter checkpoint. ``LMHead_S`` is the LM head over the draft
+vocabulary ``S``: all ``V`` rows, or the ``K`` rows of a reduced drafter
+(``model/vocab.py``), whose logits then have ``K`` columns. The sequential Markov
+head and confidence head (heads.py) run on ``(h, z)`` afterwards (block_sampler.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dspark_sglang.model.heads import (
     build_markov_head,
 )
 from dspark_sglang.model.moe import DenseFFN, ExpertBank, MoEFFN
+from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, DraftVocab, scatter_to_vocab
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ class DraftBlock:
     """Output of one parallel drafter pass (leading dims ``[N]`` or ``[S, A]``).
 
     ``hidden`` ``[..., B, H]`` is after the final norm (it also feeds the Markov
-    and confidence heads); ``base_logits`` ``[..., B, V]`` are float32 LM-head
-    logits before any Markov bias; ``aux_loss`` is the summed MoE load-balancing
+    and confidence heads); ``base_logits`` ``[..., B, K]`` are float32 LM-head
+    logits over the draft vocabulary (``K = V`` unless it is reduced) before any
+    Markov bias; ``aux_loss`` is the summed MoE load-balancing
     loss of all layers (0 for dense FFNs).
     """
 
@@ -143,6 +147,12 @@ class DSparkDrafter(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.markov_head: MarkovHead | None = build_markov_head(config)
         self.confidence_head: ConfidenceHead | None = build_confidence_head(config)
+        if config.draft_vocab_size is not None:
+            # The token map: saved with the weights, set by set_draft_vocab before training.
+            self.register_buffer(
+                DRAFT_VOCAB_BUFFER, torch.arange(config.draft_vocab_size, dtype=torch.int64)
+            )
+        self._lm_head_rows: tuple[tuple[object, ...], torch.Tensor] | None = None
         self.reset_parameters()
 
     # ------------------------------------------------------------------ plumbing
@@ -158,6 +168,44 @@ class DSparkDrafter(nn.Module):
     @property
     def block_size(self) -> int:
         return self.config.block_size
+
+    @property
+    def draft_vocab(self) -> DraftVocab | None:
+        """The reduced draft vocabulary, ``None`` when the drafter covers all of it."""
+        if self.config.draft_vocab_size is None:
+            return None
+        return DraftVocab(getattr(self, DRAFT_VOCAB_BUFFER).cpu(), self.config.vocab_size)
+
+    @torch.no_grad()
+    def set_draft_vocab(self, vocab: DraftVocab) -> None:
+        """Install the token map (``DraftVocab.from_counts`` on the training data)."""
+        if self.config.draft_vocab_size is None:
+            raise ValueError(
+                "this drafter covers the whole vocabulary (draft_vocab_size is null); build "
+                "it with draft_vocab_size=K to give it a token map"
+            )
+        if vocab.size != self.config.draft_vocab_size or vocab.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"token map of {vocab.size} of {vocab.vocab_size} tokens, but the drafter has "
+                f"draft_vocab_size={self.config.draft_vocab_size} of {self.config.vocab_size}"
+            )
+        buf = getattr(self, DRAFT_VOCAB_BUFFER)
+        buf.copy_(vocab.ids.to(buf.device))
+        self._lm_head_rows = None
+
+    def to_target_vocab(self, draft_index: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> target token ids (identity without a token map)."""
+        if self.config.draft_vocab_size is None:
+            return draft_index
+        return getattr(self, DRAFT_VOCAB_BUFFER)[draft_index.long()]
+
+    def scatter_to_target_vocab(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """``[..., K]`` over the draft vocabulary -> ``[..., V]`` (``fill`` outside it)."""
+        if self.config.draft_vocab_size is None:
+            return values
+        return scatter_to_vocab(
+            values, getattr(self, DRAFT_VOCAB_BUFFER), self.config.vocab_size, fill
+        )
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -194,9 +242,22 @@ class DSparkDrafter(nn.Module):
         return ids
 
     def compute_base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target LM head on draft hidden states, as float32 logits."""
+        """Target LM head on draft hidden states, as float32 logits ``[..., K]``.
+
+        A reduced drafter multiplies by the ``K`` rows of the frozen LM head it drafts
+        over, gathered once and reused while the head's storage and the map are unchanged.
+        """
         head = self.lm_head
-        return head(hidden.to(head.weight.dtype)).float()
+        if self.config.draft_vocab_size is None:
+            return head(hidden.to(head.weight.dtype)).float()
+        weight = head.weight
+        ids = getattr(self, DRAFT_VOCAB_BUFFER)
+        key = (weight.data_ptr(), weight.device, weight.dtype, weight._version, ids._version)
+        if self._lm_head_rows is None or self._lm_head_rows[0] != key:
+            self._lm_head_rows = (key, weight.detach()[ids.to(weight.device)])
+        rows = self._lm_head_rows[1]
+        bias = None if head.bias is None else head.bias.detach()[ids.to(weight.device)]
+        return torch.nn.functional.linear(hidden.to(rows.dtype), rows, bias).float()
 
     def _run_layers(
         self,

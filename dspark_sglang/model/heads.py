@@ -11,7 +11,8 @@ a cheap head makes slot ``k`` depend on the token actually placed before it
               bias_k  = W2(tanh(o))
     logits_k = z_k + bias_k
 
-``E = markov_w1`` (``V x r``), ``W2 = markov_w2`` (``r -> V``), ``G = gate_proj``,
+``E = markov_w1`` (``V x r``), ``W2 = markov_w2`` (``r -> K``, ``K`` the draft
+vocabulary: ``V``, or fewer tokens for a reduced drafter, ``model/vocab.py``), ``G = gate_proj``,
 ``J = joint_proj``: SGLang's ``sglang/srt/models/dspark.py`` parameter names, so a
 checkpoint loads there unchanged.
 
@@ -32,10 +33,10 @@ from dspark_sglang.model.config import DSparkConfig
 class MarkovHead(nn.Module, ABC):
     """A first-order correction of the base logits from the previous token."""
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, draft_vocab_size: int | None = None) -> None:
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)
 
     def prev_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
         """``E[tokens]``: ``[...] -> [..., r]``."""
@@ -50,10 +51,11 @@ class MarkovHead(nn.Module, ABC):
     def step(
         self, prev_tokens: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One slot: ``prev_tokens [N]``, ``hidden [N, H]`` -> ``(bias [N, V], next state)``."""
+        """One slot: ``prev_tokens [N]`` (target ids), ``hidden [N, H]`` ->
+        ``(bias [N, K], next state)``."""
 
     def teacher_forced(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Bias for every slot given the true previous tokens ``[..., B]`` -> ``[..., B, V]``.
+        """Bias for every slot given the true previous tokens ``[..., B]`` -> ``[..., B, K]``.
 
         Memoryless heads apply ``step`` to all slots at once; stateful heads override.
         """
@@ -74,8 +76,10 @@ class VanillaMarkovHead(MarkovHead):
 class GatedMarkovHead(MarkovHead):
     """``bias = W2(sigmoid(G [h ; E[prev]]) * E[prev])``: the hidden state gates the table."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
-        super().__init__(vocab_size, rank)
+    def __init__(
+        self, vocab_size: int, rank: int, hidden_size: int, draft_vocab_size: int | None = None
+    ) -> None:
+        super().__init__(vocab_size, rank, draft_vocab_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
     def step(
@@ -89,8 +93,10 @@ class GatedMarkovHead(MarkovHead):
 class RNNMarkovHead(MarkovHead):
     """A gated recurrence over the block: the bias can depend on all earlier drafts."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
-        super().__init__(vocab_size, rank)
+    def __init__(
+        self, vocab_size: int, rank: int, hidden_size: int, draft_vocab_size: int | None = None
+    ) -> None:
+        super().__init__(vocab_size, rank, draft_vocab_size)
         self.rank = rank
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
@@ -148,13 +154,14 @@ def calibrated_confidence(logits: torch.Tensor, temperatures: torch.Tensor) -> t
 def build_markov_head(config: DSparkConfig) -> MarkovHead | None:
     """The head ``config.markov_head_type`` names (``None`` for a DFlash-style drafter)."""
     v, r, h = config.vocab_size, config.markov_rank, config.hidden_size
+    k = config.draft_vocab_size
     match config.markov_head_type:
         case "vanilla":
-            return VanillaMarkovHead(v, r)
+            return VanillaMarkovHead(v, r, k)
         case "gated":
-            return GatedMarkovHead(v, r, h)
+            return GatedMarkovHead(v, r, h, k)
         case "rnn":
-            return RNNMarkovHead(v, r, h)
+            return RNNMarkovHead(v, r, h, k)
         case "none":
             return None
     raise ValueError(f"unknown markov_head_type {config.markov_head_type!r}")

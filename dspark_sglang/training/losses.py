@@ -21,6 +21,12 @@ invalid label, e.g. past the end of the sequence or on anchor padding).
   predict the acceptance probability without pushing gradients into the draft
   distribution through its own label.
 
+A drafter with a reduced vocabulary ``S`` (``model/vocab.py``) has draft logits over
+its ``K`` tokens only. L1 stays the exact total variation over the whole vocabulary
+(the target's mass outside ``S`` counts in full), so the confidence label is still
+the true acceptance probability; CE is left out (weight 0) at slots whose label is
+outside ``S``, where the drafter can put no mass.
+
 The draft logits are the ones tokens are drawn from (after the Markov bias,
 teacher-forced on the ground-truth previous token). Drafters without a Markov
 head (DFlash-style) or without a confidence head pass ``conf_logits=None`` and
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark_sglang.model.vocab import reduced_l1
 from dspark_sglang.sampling import logits_to_probs
 
 
@@ -122,13 +129,16 @@ def dspark_loss(
     conf_logits: torch.Tensor | None,
     config: LossConfig = LossConfig(),
     denominators: torch.Tensor | None = None,
+    draft_vocab_ids: torch.Tensor | None = None,
 ) -> LossTerms:
     """Weighted DSpark loss over a batch of blocks.
 
     Shapes: ``draft_logits``/``target_logits`` ``[..., B, V]``, ``labels``/``valid``
     ``[..., B]`` (leading dims are anchors, flattened here), ``conf_logits``
-    ``[..., B]`` or None. Labels at invalid slots may hold anything (they are
-    replaced by 0 before the CE gather and then weighted by 0).
+    ``[..., B]`` or None. With ``draft_vocab_ids`` ``[K]`` (a reduced drafter's token
+    map) ``draft_logits`` are ``[..., B, K]`` over those tokens; labels stay target ids.
+    Labels at invalid slots may hold anything (they are replaced by 0 before the CE
+    gather and then weighted by 0).
 
     Invariant: with ``m = cumprod(valid)`` and ``w_k = exp(-k/gamma)``, each
     term equals ``sum(w*m*term) / sum(w*m)``; an all-invalid batch gives 0.
@@ -138,18 +148,20 @@ def dspark_loss(
     ``accept_per_slot``, is then this batch's share of the global weighted mean, and the
     shares of all processes add up to it.
     """
-    if draft_logits.shape != target_logits.shape:
+    draft_width = target_logits.shape[-1] if draft_vocab_ids is None else draft_vocab_ids.numel()
+    if draft_logits.shape[:-1] != target_logits.shape[:-1] or draft_logits.shape[-1] != draft_width:
         raise ValueError(
             f"draft_logits {tuple(draft_logits.shape)} and target_logits "
-            f"{tuple(target_logits.shape)} must have the same shape"
+            f"{tuple(target_logits.shape)} must have the same shape but for the last axis, "
+            f"the draft vocabulary ({draft_width} columns)"
         )
-    block, vocab = draft_logits.shape[-2:]
+    block, vocab = target_logits.shape[-2:]
     if labels.shape != draft_logits.shape[:-1] or valid.shape != labels.shape:
         raise ValueError(
             f"labels {tuple(labels.shape)} and valid {tuple(valid.shape)} must be "
             f"{tuple(draft_logits.shape[:-1])} (the logits without the vocab axis)"
         )
-    draft = draft_logits.reshape(-1, block, vocab).float()
+    draft = draft_logits.reshape(-1, block, draft_width).float()
     target = target_logits.reshape(-1, block, vocab).float()
     mask = cumulative_validity(valid.reshape(-1, block))
     weights = mask * position_weights(block, config.gamma, draft.device)
@@ -165,14 +177,25 @@ def dspark_loss(
         den = denominators.to(device=draft.device, dtype=torch.float32)
         denom, per_slot_den = den[0].clamp_min(1e-12), den[1:].clamp_min(1e-12)
     safe_labels = torch.where(mask > 0, labels.reshape(-1, block), torch.zeros_like(mask).long())
+    ce_weight = torch.ones_like(mask)
+    if draft_vocab_ids is not None:
+        ids = draft_vocab_ids.to(draft.device)
+        to_draft = torch.full((vocab,), -1, dtype=torch.long, device=draft.device)
+        to_draft[ids] = torch.arange(ids.numel(), device=draft.device)
+        safe_labels = to_draft[safe_labels]
+        ce_weight = (safe_labels >= 0).to(mask.dtype)
+        safe_labels = safe_labels.clamp_min(0)
 
-    ce = F.cross_entropy(draft.reshape(-1, vocab), safe_labels.reshape(-1), reduction="none")
-    ce = ce.reshape(mask.shape)
+    ce = F.cross_entropy(draft.reshape(-1, draft_width), safe_labels.reshape(-1), reduction="none")
+    ce = ce.reshape(mask.shape) * ce_weight
 
     p_draft = logits_to_probs(draft)
     with torch.no_grad():
         p_target = logits_to_probs(target)
-    l1 = (p_draft - p_target).abs().sum(-1)
+    if draft_vocab_ids is None:
+        l1 = (p_draft - p_target).abs().sum(-1)
+    else:
+        l1 = reduced_l1(p_draft, p_target, draft_vocab_ids)
     accept = (1.0 - l1.detach() / 2.0).clamp(0.0, 1.0)
 
     ce_mean = _weighted_mean(ce, weights, denom)

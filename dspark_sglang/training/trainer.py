@@ -60,6 +60,7 @@ from dspark_sglang.model.ar_drafter import (
     save_ar_drafter,
 )
 from dspark_sglang.model.moe import MoEFFN
+from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER
 from dspark_sglang.training.anchors import pack_batches, sample_anchors
 from dspark_sglang.training.config import TrainConfig
 from dspark_sglang.training.dataset import HiddenCache, Prefetcher, TrainBatch, make_batch
@@ -73,6 +74,7 @@ from dspark_sglang.training.distributed import (
     wrap_ddp,
 )
 from dspark_sglang.training.losses import LossTerms, dspark_loss, loss_denominators
+from dspark_sglang.training.token_map import REPORT_FILE, build_draft_vocab, coverage_report
 
 Drafter = DSparkDrafter | ARDrafter
 STATE_FILE = "train_state.pt"
@@ -291,6 +293,10 @@ def batch_loss(
         with torch.no_grad():
             target_logits = lm_head(batch.target_last[sel]).float()
     conf = None if conf is None else conf.float()
+    inner = step.drafter
+    vocab_ids = None
+    if isinstance(inner, DSparkDrafter) and inner.config.draft_vocab_size is not None:
+        vocab_ids = getattr(inner, DRAFT_VOCAB_BUFFER)
     denominators = None
     if ctx is not None and ctx.enabled:
         denominators = all_reduce_sum(loss_denominators(batch.valid[sel], cfg.loss.gamma), ctx)
@@ -303,6 +309,7 @@ def batch_loss(
         conf,
         cfg.loss,
         denominators=denominators,
+        draft_vocab_ids=vocab_ids,
     )
     rows = batch.anchor_mask.unsqueeze(-1).expand(*batch.anchor_mask.shape, cfg.drafter.block_size)
     aux = balance_loss(router, step.router_top_k(), rows, ctx)
@@ -580,6 +587,20 @@ class Trainer:
         opt, sched = self._make_optimizer(drafter)
         return drafter, opt, sched, state
 
+    def _install_draft_vocab(self, drafter: Drafter, main: bool) -> None:
+        """A fresh reduced drafter gets its token map from this run's responses (a resumed
+        or ``init_from`` drafter keeps its checkpoint's); rank 0 records the coverage."""
+        if not isinstance(drafter, DSparkDrafter) or drafter.config.draft_vocab_size is None:
+            return
+        vocab = build_draft_vocab(
+            self.cfg.data.dir, drafter.config.vocab_size, drafter.config.draft_vocab_size
+        )
+        drafter.set_draft_vocab(vocab)
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            report = coverage_report(self.cfg.data.dir, vocab)
+            (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+
     def train(
         self, resume: bool = False, progress: bool = True, stop_at: int | None = None
     ) -> TrainResult:
@@ -646,6 +667,7 @@ class Trainer:
             drafter = build_drafter(
                 cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
             ).to(self.device)
+            self._install_draft_vocab(drafter, main)
             opt, sched = self._make_optimizer(drafter)
             torch.manual_seed(cfg.run.seed)
             step, epoch, batch = 0, 0, 0
