@@ -1,4 +1,4 @@
-"""The reduced draft vocabulary: token map, reduced heads, sampling, losslessness, loss, checkpoints."""
+"""The reduced draft vocabulary: token map, heads, sampling, losslessness, loss, checkpoints."""
 
 from __future__ import annotations
 
