@@ -10,11 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tiny_dist import tiny_cfg
-from tiny_training_target import tiny_llama
+from tiny_training_target import EOS, TINY_VOCAB, tiny_llama
 
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig, load_config
 from dspark_sglang.training.dataset import HiddenCache
+from dspark_sglang.training.token_map import build_draft_vocab, response_token_counts
 from dspark_sglang.training.trainer import Trainer, build_drafter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -358,3 +359,52 @@ def test_init_from_refuses_a_different_drafter_or_an_exhausted_schedule(
     )
     with pytest.raises(FileNotFoundError, match=r"run\.init_from"):
         _trainer(missing, tiny_data_dir).train(progress=False)
+
+
+def test_a_reduced_vocabulary_drafter_trains_on_its_token_map(
+    tiny_data_dir: Path, tmp_path: Path
+) -> None:
+    """drafter.model.draft_vocab_size: the map is the data's most frequent response tokens
+    (EOS included), it is recorded with its coverage, saved in the checkpoint, and the
+    loss still falls."""
+    k = 48
+    model = dict(tiny_cfg("dspark", tiny_data_dir, tmp_path, 20).drafter.model)
+    drafter = {"model": {**model, "draft_vocab_size": k}}
+    cfg = tiny_cfg("dspark", tiny_data_dir, tmp_path / "run", 20, drafter=drafter)
+    res = _trainer(cfg, tiny_data_dir).train(progress=False)
+    expected = build_draft_vocab(tiny_data_dir, TINY_VOCAB, k)
+    assert EOS in expected.ids.tolist()
+    report = json.loads((tmp_path / "run" / "draft_vocab.json").read_text())
+    assert report["draft_vocab_size"] == k and report["vocab_size"] == TINY_VOCAB
+    counts = response_token_counts(tiny_data_dir, TINY_VOCAB)
+    assert report["coverage"] == pytest.approx(float(counts[expected.ids].sum() / counts.sum()))
+    assert 0.0 < report["coverage"] < 1.0
+    saved = json.loads((res.final_checkpoint / "drafter" / "config.json").read_text())
+    assert saved["dspark_config"]["draft_vocab_size"] == k
+    weights = load_file(str(res.final_checkpoint / "drafter" / "model.safetensors"))
+    assert torch.equal(weights["draft_vocab_ids"], expected.ids)
+    assert weights["markov_head.markov_w2.weight"].shape[0] == k
+    # This tiny target's replies are flat (the map covers ~70 % of them), so L1 keeps a
+    # floor of twice the uncovered mass; the drafter must still learn within the map.
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    first, last = _mean([r["total"] for r in log[:4]]), _mean([r["total"] for r in log[-4:]])
+    assert last < 0.97 * first, (first, last)
+    acc_first = _mean([r["accept_per_slot"][0] for r in log[:4]])
+    assert _mean([r["accept_per_slot"][0] for r in log[-4:]]) > acc_first
+
+
+def test_a_token_map_of_the_whole_vocabulary_trains_like_the_full_drafter(
+    tiny_data_dir: Path, tmp_path: Path
+) -> None:
+    """K = V: the reduced path (gathered LM-head rows, CE through the map, TV with the
+    outside mass) computes the full drafter's losses, step for step."""
+    logs = {}
+    for name, extra in (("full", {}), ("mapped", {"draft_vocab_size": TINY_VOCAB})):
+        model = {**tiny_cfg("dspark", tiny_data_dir, tmp_path, 6).drafter.model, **extra}
+        cfg = tiny_cfg("dspark", tiny_data_dir, tmp_path / name, 6, drafter={"model": model})
+        _trainer(cfg, tiny_data_dir).train(progress=False)
+        lines = (tmp_path / name / "log.jsonl").read_text().splitlines()
+        logs[name] = [json.loads(x) for x in lines]
+    for key in ("total", "ce", "l1", "bce"):
+        got = [r[key] for r in logs["mapped"]]
+        assert got == pytest.approx([r[key] for r in logs["full"]], rel=1e-5), key
