@@ -25,7 +25,15 @@ exactly three places, and only those are replaced here:
    draft KV pool: ``W`` context rows gathered through ``req_to_token`` plus the
    block's own keys, one masked softmax (static shapes: graph-capturable).
    Layers of a drafter without a window use SGLang's backend unchanged.
-3. **Config and weight names.** The checkpoint ``save_drafter`` writes is read
+3. **A reduced draft vocabulary** (``draft_vocab_size``, ``model/vocab.py``). SGLang's
+   draft loop samples over the target's vocabulary and verification reads those
+   step logits, so the class keeps SGLang's shapes: base logits are computed for
+   the ``K`` mapped tokens only and scattered into ``V`` columns with
+   ``OFF_MAP_LOGIT`` elsewhere, and the Markov head's ``K``-row ``W2`` bias is scattered with 0.
+   Drafts are then target ids, the draft distribution is zero outside the map and
+   verification is unchanged (lossless). Under tensor parallelism the target's
+   full logits are masked instead (same values, no saving).
+4. **Config and weight names.** The checkpoint ``save_drafter`` writes is read
    as is: ``config.json`` (``model_type`` ``dspark_moe``, our ``dspark_config``)
    through a transformers config class registered by the plugin, and
    ``model.safetensors`` through our own strict ``load_weights`` (``q/k/v_proj``
@@ -55,12 +63,18 @@ from sglang.srt.models.utils import apply_qk_norm
 from dspark_sglang.model.checkpoint import CheckpointError
 from dspark_sglang.model.config import HF_ARCHITECTURE, DSparkConfig
 from dspark_sglang.model.moe import MoEFFN, route
+from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, check_draft_vocab_ids, scatter_to_vocab
 from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
 
 logger = logging.getLogger(__name__)
 
 #: The ``architectures`` name our checkpoints carry, resolved by ``ModelRegistry``.
 ARCHITECTURE = HF_ARCHITECTURE
+#: Base logit of a token outside a reduced draft vocabulary: finite, so SGLang 0.5.23's
+#: verify path (which miscounts accepted drafts when the kept step logits hold -inf) is
+#: unaffected, yet far enough below any real logit that its probability after softmax is
+#: exactly 0 in float32 and bfloat16, also after dividing by a temperature.
+OFF_MAP_LOGIT = -1e30
 
 
 # --------------------------------------------------------------------------- config
@@ -242,6 +256,55 @@ class DSparkMoEDecoderLayer(DFlashDecoderLayer):
     attention_cls = DSparkWindowedAttention
 
 
+# --------------------------------------------------------------------------- draft vocabulary
+
+
+class DraftVocabBias:
+    """Mixin over SGLang's Markov heads: ``W2`` has ``K`` rows; ``project_bias`` scatters.
+
+    Every SGLang head (vanilla, gated, RNN) computes its bias as ``project_bias(latent)``,
+    so this one override covers all three; the fused greedy kernel is skipped (SGLang
+    uses it only when ``project_bias`` is its own), and the step loop runs unchanged.
+    """
+
+    draft_vocab_ids: torch.Tensor
+    vocab_size: int
+    markov_w2: torch.nn.Linear
+
+    def _use_draft_vocab(self, draft_vocab_size: int) -> None:
+        rank = self.markov_w2.in_features
+        self.markov_w2 = torch.nn.Linear(rank, draft_vocab_size, bias=False)
+        self.register_buffer(  # type: ignore[attr-defined]
+            DRAFT_VOCAB_BUFFER,
+            torch.zeros(draft_vocab_size, dtype=torch.int64),
+            persistent=False,
+        )
+
+    def project_bias(self, latent_states: torch.Tensor) -> torch.Tensor:
+        reduced = self.markov_w2(latent_states)
+        return scatter_to_vocab(reduced, self.draft_vocab_ids, self.vocab_size, 0.0)
+
+    def configure_tp_shard(self, *, lm_head: Any, prefer_nvlink: bool) -> None:
+        del lm_head, prefer_nvlink
+        raise CheckpointError(
+            "a drafter with a reduced vocabulary (draft_vocab_size) has a K-row markov_w2 "
+            "that cannot be sharded by the target's vocabulary; unset "
+            "SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD"
+        )
+
+
+def _draft_vocab_head(head: Any, draft_vocab_size: int, hidden_size: int) -> Any:
+    """The same kind of SGLang Markov head with ``DraftVocabBias`` mixed in."""
+    base = type(head)
+    cls = type(f"DraftVocab{base.__name__}", (DraftVocabBias, base), {})
+    kwargs: dict[str, Any] = {"vocab_size": head.vocab_size, "markov_rank": head.markov_rank}
+    if hasattr(head, "gate_proj") or hasattr(head, "joint_proj"):
+        kwargs["hidden_size"] = hidden_size
+    out = cls(**kwargs)
+    out._use_draft_vocab(draft_vocab_size)
+    return out
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -275,6 +338,63 @@ class DSparkMoEDraftModel(DSparkDraftModel):
         if not dspark.enable_confidence_head:
             # SGLang builds a head in non-static ragged modes whatever the flag says.
             self.confidence_head = None
+        self._lm_head_rows: tuple[tuple[object, ...], torch.Tensor] | None = None
+        if dspark.draft_vocab_size is not None:
+            self.markov_head = _draft_vocab_head(
+                self.markov_head, dspark.draft_vocab_size, dspark.hidden_size
+            )
+            in_map = torch.zeros(dspark.vocab_size, dtype=torch.bool)
+            self.register_buffer("draft_vocab_mask", in_map, persistent=False)
+
+    def compute_base_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's base logits; with a reduced vocabulary ``OFF_MAP_LOGIT`` outside the map.
+
+        Single rank with a plain LM head: only the ``K`` mapped rows are multiplied
+        (gathered once), then scattered into ``V`` columns. Otherwise (TP, quantized or
+        muP heads) SGLang's own logits are masked: the same values at full cost.
+        """
+        if self.dspark_config.draft_vocab_size is None:
+            return super().compute_base_logits(hidden)
+        head = self.lm_head
+        ids = self.markov_head.draft_vocab_ids
+        weight = getattr(head, "weight", None)
+        plain = (
+            isinstance(weight, torch.Tensor)
+            and weight.dim() == 2
+            and weight.is_floating_point()
+            and int(getattr(head, "tp_size", 1)) == 1
+            and not getattr(self, "logits_mup_width_multiplier", None)
+            and getattr(self, "_base_logits_gatherer", None) is None
+        )
+        if not plain:
+            full, features = super().compute_base_logits(hidden)
+            return full.masked_fill(~self.draft_vocab_mask, OFF_MAP_LOGIT), features
+        assert isinstance(weight, torch.Tensor)
+        key = (weight.data_ptr(), weight.device, weight.dtype, weight._version, ids._version)
+        if self._lm_head_rows is None or self._lm_head_rows[0] != key:
+            self._lm_head_rows = (key, weight.detach()[ids])
+        reduced = F.linear(hidden.to(weight.dtype), self._lm_head_rows[1])
+        vocab = self.dspark_config.vocab_size
+        return scatter_to_vocab(reduced, ids, vocab, OFF_MAP_LOGIT), hidden
+
+    def _load_draft_vocab(self, name: str, tensor: torch.Tensor) -> None:
+        """Validate the checkpoint's token map and install it in the head and the mask."""
+        cfg = self.dspark_config
+        if cfg.draft_vocab_size is None:
+            raise CheckpointError(
+                f"draft checkpoint has a token map {name!r} but config.json has no "
+                "draft_vocab_size; the weights do not match config.json (re-save the drafter)"
+            )
+        try:
+            check_draft_vocab_ids(tensor, cfg.vocab_size, cfg.draft_vocab_size)
+        except ValueError as exc:
+            raise CheckpointError(f"draft checkpoint: {exc}") from exc
+        with torch.no_grad():
+            ids = self.markov_head.draft_vocab_ids
+            ids.copy_(tensor.to(ids.device))
+            self.draft_vocab_mask.zero_()
+            self.draft_vocab_mask[ids] = True
+        self._lm_head_rows = None
 
     def _fused_kv_write_bundle(self, pool: Any) -> None:
         """Never fuse: the fused write is a bf16 kernel tuned for SGLang's dense drafts."""
@@ -301,6 +421,10 @@ class DSparkMoEDraftModel(DSparkDraftModel):
 
         tp_size = int(get_parallel().tp_size)
         for name, tensor in weights:
+            if name == DRAFT_VOCAB_BUFFER:
+                self._load_draft_vocab(name, tensor)
+                loaded.add(name)
+                continue
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise CheckpointError(
                     f"draft tensor {name!r} has non-finite values (NaN/inf); the training "
@@ -337,7 +461,10 @@ class DSparkMoEDraftModel(DSparkDraftModel):
                 f"draft checkpoint has tensors {sorted(unexpected)} that DSparkMoEDraftModel "
                 "does not have; the weights do not match config.json (re-save the drafter)"
             )
-        missing = sorted(set(params) - loaded)
+        expected = set(params)
+        if self.dspark_config.draft_vocab_size is not None:
+            expected.add(DRAFT_VOCAB_BUFFER)
+        missing = sorted(expected - loaded)
         if missing:
             raise CheckpointError(
                 f"draft checkpoint is missing tensors for {missing}; the weights do not match "

@@ -56,6 +56,7 @@ def _shaped_seeded_drafter(
     sliding_window: int = 16,
     num_hidden_layers: int = 2,
     markov_rank: int = 32,
+    draft_vocab_size: int | None = None,
 ) -> Any:
     """A seeded random DSpark drafter whose drafts SGLang sometimes accepts.
 
@@ -64,7 +65,7 @@ def _shaped_seeded_drafter(
     input embedding: with SmolLM2's tied LM head slot 0 mostly proposes "the anchor
     again", accepted whenever the target repeats a token, while attention, window
     and MoE still shape every logit. 4 experts (top 2); by default 2 MoE layers and a
-    rank-32 Markov head.
+    rank-32 Markov head. With ``draft_vocab_size`` the caller installs the token map.
     """
     from dspark_sglang.model import DSparkConfig, DSparkDrafter
 
@@ -77,6 +78,7 @@ def _shaped_seeded_drafter(
         num_experts=4,
         num_experts_per_tok=2,
         markov_rank=markov_rank,
+        draft_vocab_size=draft_vocab_size,
     )
     torch.manual_seed(0)
     model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()

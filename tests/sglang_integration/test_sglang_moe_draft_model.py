@@ -42,6 +42,7 @@ from dspark_sglang.model import (
     save_drafter,
 )
 from dspark_sglang.model.moe import MoEFFN, route
+from dspark_sglang.model.vocab import DraftVocab, scatter_to_vocab
 
 pytestmark = pytest.mark.sglang
 
@@ -130,6 +131,9 @@ def _drafter(config: DSparkConfig, seed: int = 0) -> DSparkDrafter:
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    if config.draft_vocab_size is not None:  # a scattered map, not the first K ids
+        ids = torch.randperm(VOCAB)[: config.draft_vocab_size].sort().values
+        drafter.set_draft_vocab(DraftVocab(ids, VOCAB))
     return drafter
 
 
@@ -244,7 +248,14 @@ def _draft_case(tmp_path: Path, overrides: dict[str, Any]) -> _DraftCase:
 
 
 @pytest.mark.parametrize(
-    "overrides", [{}, {"markov_head_type": "rnn"}, {"markov_head_type": "gated"}]
+    "overrides",
+    [
+        {},
+        {"markov_head_type": "rnn"},
+        {"markov_head_type": "gated"},
+        {"draft_vocab_size": 40},
+        {"draft_vocab_size": 40, "markov_head_type": "rnn"},
+    ],
 )
 def test_sglang_class_matches_drafter(
     sglang_runtime: None, tmp_path: Path, overrides: dict[str, Any]
@@ -290,11 +301,25 @@ def test_sglang_class_matches_drafter(
         block = drafter.forward_block(ctx, ctx_pos, valid, anchors, prefix)
         ref = markov_logits(drafter, block, prev)
 
+    ours_base, ours_logits = block.base_logits, ref.logits
+    if config.draft_vocab_size is not None:
+        # SGLang samples over the whole vocabulary: ours scattered, OFF_MAP_LOGIT off the map.
+        from dspark_sglang.sglang_integration.moe_draft_model import OFF_MAP_LOGIT
+
+        ids = drafter.draft_vocab.ids
+        ours_base = scatter_to_vocab(ours_base, ids, VOCAB, OFF_MAP_LOGIT)
+        ours_logits = scatter_to_vocab(ours_logits, ids, VOCAB, OFF_MAP_LOGIT)
+    if config.draft_vocab_size is not None:
+        # The masked fallback (TP, quantized or muP heads): SGLang's full logits, masked
+        # off the map; here reached by making the head look sharded.
+        model.lm_head.tp_size = 2
+        with torch.inference_mode():
+            masked, _ = model.compute_base_logits(hidden)
+        model.lm_head.tp_size = 1
+        torch.testing.assert_close(masked, base, atol=ATOL, rtol=0)
     torch.testing.assert_close(hidden.view(bs, BLOCK, -1), block.hidden, atol=ATOL, rtol=0)
-    torch.testing.assert_close(
-        base.view(bs, BLOCK, -1).float(), block.base_logits, atol=ATOL, rtol=0
-    )
-    torch.testing.assert_close(torch.stack(sg_logits, 1).float(), ref.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(base.view(bs, BLOCK, -1).float(), ours_base, atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.stack(sg_logits, 1).float(), ours_logits, atol=ATOL, rtol=0)
     assert ref.confidence_logits is not None
     torch.testing.assert_close(conf_raw.float(), ref.confidence_logits, atol=ATOL, rtol=0)
 
@@ -345,6 +370,18 @@ def test_bad_checkpoints_are_refused(sglang_runtime: None, tmp_path: Path) -> No
     wrong["layers.0.mlp.gate.weight"] = torch.zeros(3, HIDDEN)
     with pytest.raises(CheckpointError, match="shape"):
         model.load_weights(wrong.items())
+    with pytest.raises(CheckpointError, match="no draft_vocab_size"):
+        model.load_weights((dict(weights) | {"draft_vocab_ids": torch.arange(4)}).items())
+
+    # A reduced drafter: its token map is required and validated.
+    folder = save_drafter(_drafter(_config(draft_vocab_size=40)), tmp_path / "reduced")
+    reduced = _sglang_model(folder)
+    r_weights = load_file(str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors for \['draft_vocab_ids'\]"):
+        reduced.load_weights({k: v for k, v in r_weights.items() if k != "draft_vocab_ids"}.items())
+    unsorted = dict(r_weights) | {"draft_vocab_ids": r_weights["draft_vocab_ids"].flip(0)}
+    with pytest.raises(CheckpointError, match="strictly ascending"):
+        reduced.load_weights(unsorted.items())
 
 
 # --------------------------------------------------------------------------- GPU readiness

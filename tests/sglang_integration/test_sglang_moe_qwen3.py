@@ -14,7 +14,11 @@ Built here, on CPU in seconds: a tiny random Qwen3 target (6 layers, hidden 64,
 vocabulary and tokenizer files copied next to it), and a drafter for it made
 with the training-side classes (``DSparkConfig.for_target`` on the target's
 ``TargetSpec``, ``DSparkDrafter``, ``save_drafter``): 1 MoE layer (4 experts,
-top-2, shared expert), block 4, window 16, captured target layers (1, 2, 3).
+top-2, shared expert), block 4, window 16, captured target layers (1, 2, 3), and a
+reduced draft vocabulary of 2048 of the 49152 tokens (the most frequent tokens of
+the prompts and the target's own greedy replies, as training builds it from
+regenerated responses), so SGLang drafts over the map and verifies over the
+whole vocabulary.
 As in ``test_sglang_moe_parity.py`` the seeded drafter's residual branches are
 scaled down 100x so slot 0 mostly proposes "the anchor again" through the tied
 head; the target's greedy path has runs of repeated tokens, so drafts are
@@ -46,6 +50,7 @@ import pytest
 import torch
 
 from dspark_sglang.model import DSparkDrafter
+from dspark_sglang.model.vocab import DraftVocab
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -58,6 +63,7 @@ PROMPTS: tuple[str, ...] = (
 NEW_TOKENS = 24
 BLOCK = 4
 WINDOW = 16
+DRAFT_VOCAB = 2048
 #: Target seed and init scale: a varied greedy path with repeats (see the docstring).
 TARGET_SEED = 1
 TARGET_INIT_RANGE = 0.1
@@ -116,10 +122,23 @@ def target(qwen3_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def drafter(target: Any, shaped_drafter: Any) -> DSparkDrafter:
+def drafter(
+    target: Any,
+    shaped_drafter: Any,
+    qwen3_prompt_ids: list[list[int]],
+    hf_qwen3_reference: list[list[int]],
+) -> DSparkDrafter:
     model = shaped_drafter(
-        target, block_size=BLOCK, sliding_window=WINDOW, num_hidden_layers=1, markov_rank=16
+        target,
+        block_size=BLOCK,
+        sliding_window=WINDOW,
+        num_hidden_layers=1,
+        markov_rank=16,
+        draft_vocab_size=DRAFT_VOCAB,
     )
+    seen = torch.tensor([t for row in qwen3_prompt_ids + hf_qwen3_reference for t in row])
+    counts = torch.bincount(seen, minlength=target.spec.vocab_size)
+    model.set_draft_vocab(DraftVocab.from_counts(counts, DRAFT_VOCAB, always=target.eos_token_ids))
     config = model.config
     assert config.head_dim * config.num_attention_heads != config.hidden_size  # Qwen3-shaped
     return model
