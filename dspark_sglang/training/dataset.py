@@ -239,7 +239,8 @@ def _gather_block_states(
     """``[S, A, B, H]``: ``last [S, T, H]`` at every block slot's position ``p + k``."""
     S, T, H = last.shape
     pos = _block_positions(anchors, block_size, T).reshape(S, -1)
-    return last.gather(1, pos.unsqueeze(-1).expand(-1, -1, H)).view(S, -1, block_size, H)
+    A = anchors.shape[1]
+    return last.gather(1, pos.unsqueeze(-1).expand(-1, -1, H)).view(S, A, block_size, H)
 
 
 def make_batch(
