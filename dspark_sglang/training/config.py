@@ -29,6 +29,7 @@ from dspark_sglang.training.anchors import AnchorConfig
 from dspark_sglang.training.losses import LossConfig
 
 DrafterKind = Literal["dspark", "dflash", "eagle3"]
+HiddenStatesMode = Literal["cache", "online"]
 
 
 def _positive_int(section: str, name: str, value: object, lo: int = 1) -> None:
@@ -192,6 +193,9 @@ class DataConfig:
     chat JSONL files. ``chat_template_kwargs`` go to the tokenizer's ``apply_chat_template``
     (e.g. ``{enable_thinking: false}`` for Qwen3); ``mask_token_id`` overrides the detected
     drafter mask token (None: the tokenizer's mask token or a known unused special token).
+    ``hidden_states``: ``cache`` (the data stage writes a bfloat16 hidden-state cache that
+    the train stage reads) or ``online`` (no cache: the train stage runs the frozen target
+    on every batch; ``training/online.py``).
     """
 
     dir: str = "runs/data/smollm2"
@@ -210,10 +214,17 @@ class DataConfig:
     # faster (benchmarks/training_precision.py); hidden states are always cached from the
     # float32 target, which is what the drafter is conditioned on at serve time.
     gen_dtype: str = "float32"
+    hidden_states: HiddenStatesMode = "cache"
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir:
             raise ValueError(f"data.dir must be a non-empty path, got {self.dir!r}")
+        if self.hidden_states not in get_args(HiddenStatesMode):
+            raise ValueError(
+                f"data.hidden_states must be 'cache' (the data stage caches the target's "
+                "hidden states, the train stage reads them) or 'online' (the train stage "
+                f"runs the target on every batch, nothing cached), got {self.hidden_states!r}"
+            )
         for name in ("num_math", "num_code", "num_chat"):
             _positive_int("data", name, getattr(self, name), lo=0)
         self._check_sources()

@@ -3,8 +3,10 @@
 ``run_data_stage`` builds the prompts of ``data.sources`` (the built-in mix and/or chat
 JSONL files; skipped rows and prompts counted per reason in ``sources.json``), checks
 they are disjoint from the eval sets, has the target regenerate responses
-(temperature 1) and caches hidden states;
-``run_train_stage`` trains the configured drafter on that cache. Both resume where
+(temperature 1) and caches hidden states (bfloat16; skipped with
+``data.hidden_states: online``);
+``run_train_stage`` trains the configured drafter on that cache, or with ``online`` on
+the responses, running the frozen target inside each step. Both resume where
 they stopped (data: per shard; training: ``resume=True`` from the latest checkpoint).
 """
 
@@ -70,7 +72,11 @@ def run_data_stage(
     progress: bool,
     gen_batches: int | None = None,
 ) -> dict[str, float]:
-    """Prompts -> regenerated responses -> float16 hidden cache; returns throughput figures."""
+    """Prompts -> regenerated responses -> bfloat16 hidden cache; returns throughput figures.
+
+    With ``data.hidden_states: online`` the hidden pass is skipped (nothing is cached; the
+    size a cache would take is printed) and the figures cover generation only.
+    """
     from dspark_sglang.data.evalsets import load_gsm8k_test, load_humaneval, load_mtbench
     from dspark_sglang.training.datagen import (
         HIDDEN_DIR,
@@ -79,6 +85,7 @@ def run_data_stage(
         GenerationSettings,
         cache_hidden_states,
         generate_responses,
+        hidden_cache_size,
         throughput,
     )
     from dspark_sglang.training.prompts import collect_training_prompts
@@ -130,48 +137,74 @@ def run_data_stage(
         progress=progress,
     )
     layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
-    cache_hidden_states(
-        target.model,
-        d.dir,
-        layer_ids,
-        batch_size=d.hidden_batch_size,
-        pad_token_id=pad,
-        progress=progress,
-    )
     gen = throughput(Path(d.dir) / RESPONSES_DIR)
-    hid = throughput(Path(d.dir) / HIDDEN_DIR)
-    figures = {
+    figures: dict[str, Any] = {
+        "hidden_states": d.hidden_states,
         "gen_tokens": gen["tokens"],
         "gen_tokens_per_s": gen["tokens_per_s"],
-        "hidden_tokens": hid["tokens"],
-        "hidden_tokens_per_s": hid["tokens_per_s"],
-        "threads": cfg.run.threads,
     }
+    if d.hidden_states == "online":
+        would = hidden_cache_size(d.dir, len(layer_ids), target.spec.hidden_size)
+        print(
+            "[data] data.hidden_states: online: no hidden cache written (the train stage "
+            f"runs the target on every batch); a cache would take: {would.line()}"
+        )
+    else:
+        cache_hidden_states(
+            target.model,
+            d.dir,
+            layer_ids,
+            batch_size=d.hidden_batch_size,
+            pad_token_id=pad,
+            progress=progress,
+        )
+        hid = throughput(Path(d.dir) / HIDDEN_DIR)
+        figures["hidden_tokens"] = hid["tokens"]
+        figures["hidden_tokens_per_s"] = hid["tokens_per_s"]
+    figures["threads"] = cfg.run.threads
     (Path(d.dir) / "throughput.json").write_text(json.dumps(figures, indent=2))
-    print(
-        f"[data] generation {gen['tokens_per_s']:.1f} tok/s, hidden cache "
-        f"{hid['tokens_per_s']:.1f} tok/s"
+    hidden = (
+        "no hidden cache (online)"
+        if d.hidden_states == "online"
+        else f"hidden cache {figures['hidden_tokens_per_s']:.1f} tok/s"
     )
+    print(f"[data] generation {gen['tokens_per_s']:.1f} tok/s, {hidden}")
     return figures
 
 
 def run_train_stage(cfg: TrainConfig, target, resume: bool, progress: bool) -> Any:
-    """Train ``cfg``'s drafter on the hidden-state cache in ``cfg.data.dir``.
+    """Train ``cfg``'s drafter on the hidden-state cache in ``cfg.data.dir``, or with
+    ``data.hidden_states: online`` on its responses, the frozen target (on ``run.device``)
+    computing the hidden states of every batch.
 
     Returns the trainer's result (final step, losses, speed, final checkpoint). Under
     torchrun every process calls this; the trainer joins the process group, trains on its
-    share of each global batch and leaves checkpoints and logs to rank 0.
+    share of each global batch (online: runs the target on that share) and leaves
+    checkpoints and logs to rank 0.
     """
-    from dspark_sglang.training.dataset import HiddenCache
-    from dspark_sglang.training.trainer import Trainer
+    from dspark_sglang.training.dataset import HiddenCache, ResponseSequences
+    from dspark_sglang.training.distributed import resolve_device
+    from dspark_sglang.training.online import OnlineHiddenStates
+    from dspark_sglang.training.trainer import Trainer, resolve_layer_ids
 
+    online = None
+    if cfg.data.hidden_states == "online":
+        sequences: Any = ResponseSequences(cfg.data.dir)
+        online = OnlineHiddenStates(
+            target.model,
+            resolve_layer_ids(cfg, target.spec.num_layers),
+            resolve_device(cfg.run.device),
+        )
+    else:
+        sequences = HiddenCache(cfg.data.dir)
     trainer = Trainer(
         cfg,
-        HiddenCache(cfg.data.dir),
+        sequences,
         target.spec,
         target.model.config,
         target.embed_tokens,
         target.lm_head,
         resolve_mask_token_id(cfg, target),
+        online=online,
     )
     return trainer.train(resume=resume, progress=progress)

@@ -1,12 +1,17 @@
 """The drafter training loop (DSpark, DFlash-style and EAGLE3-style drafters alike).
 
-One step: pack cached sequences with their sampled anchors into a batch, run
+One step: pack sequences with their sampled anchors into a batch, run
 the drafter on every anchor's block (teacher forcing), apply the frozen LM
-head to the *target's* cached last hidden states at the same positions to get
+head to the *target's* last hidden states at the same positions to get
 the target distributions, and minimise ``losses.dspark_loss`` (+ a small MoE
 load-balancing term over the real anchors' rows, ``balance_loss``). The target,
 its embedding and its LM head are frozen; only the drafter's own parameters are
 in the optimizer.
+
+Hidden states come from the cache (``data.hidden_states: cache``, ``HiddenCache``) or
+from the frozen target itself, run on each batch once it is on ``run.device``
+(``online``: ``ResponseSequences`` + ``OnlineHiddenStates``, ``Trainer.device_batch``).
+The batch plan is the same either way.
 
 Reproducibility is structural: the batch plan of epoch ``e`` (sequence
 order, anchors, packing) is a pure function of ``(run.seed, e)``, so a resumed
@@ -63,7 +68,13 @@ from dspark_sglang.model.moe import MoEFFN
 from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER
 from dspark_sglang.training.anchors import pack_batches, sample_anchors
 from dspark_sglang.training.config import TrainConfig
-from dspark_sglang.training.dataset import HiddenCache, Prefetcher, TrainBatch, make_batch
+from dspark_sglang.training.dataset import (
+    HiddenCache,
+    Prefetcher,
+    ResponseSequences,
+    TrainBatch,
+    make_batch,
+)
 from dspark_sglang.training.distributed import (
     DistContext,
     all_reduce_sum,
@@ -74,9 +85,12 @@ from dspark_sglang.training.distributed import (
     wrap_ddp,
 )
 from dspark_sglang.training.losses import LossTerms, dspark_loss, loss_denominators
+from dspark_sglang.training.online import OnlineHiddenStates
 from dspark_sglang.training.token_map import REPORT_FILE, build_draft_vocab, coverage_report
 
 Drafter = DSparkDrafter | ARDrafter
+#: Where a run's sequences come from: the hidden cache, or the responses (online mode).
+Sequences = HiddenCache | ResponseSequences
 STATE_FILE = "train_state.pt"
 DRAFTER_DIR = "drafter"
 
@@ -344,12 +358,13 @@ def lr_lambda(cfg: TrainConfig) -> Any:
 
 
 def epoch_plan(
-    cache: HiddenCache, cfg: TrainConfig, epoch: int
+    cache: Sequences, cfg: TrainConfig, epoch: int
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Batches (lists of sequence indices) and per-sequence anchors for one epoch.
 
-    A pure function of ``(run.seed, epoch)`` and the cache, so resumption can
-    rebuild it.
+    A pure function of ``(run.seed, epoch)`` and the sequences' lengths and response
+    starts, so resumption can rebuild it, and the hidden cache and the responses of the
+    same data give the same plan.
     """
     g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + epoch)
     order = torch.randperm(len(cache), generator=g).tolist()
@@ -372,7 +387,7 @@ class Shard:
 
 
 def iterate_shards(
-    cache: HiddenCache,
+    cache: Sequences,
     cfg: TrainConfig,
     start_epoch: int,
     start_batch: int,
@@ -384,14 +399,15 @@ def iterate_shards(
 
     The plan is the same at every world size; ``shard_batch`` splits each global batch's
     sequences. A rank left without sequences gets a batch with every anchor masked out
-    (it weighs nothing but keeps the collectives in step).
+    (it weighs nothing but keeps the collectives in step). Batches of ``ResponseSequences``
+    carry no hidden states yet (``Trainer.device_batch`` adds them).
     """
     epoch, skip = start_epoch, start_batch
     while True:
         batches, anchors = epoch_plan(cache, cfg, epoch)
         if not batches:
             raise ValueError(
-                "the hidden cache has no sequence with a legal anchor (responses empty?)"
+                "the training data has no sequence with a legal anchor (responses empty?)"
             )
         for b in range(skip, len(batches)):
             idx = batches[b]
@@ -409,7 +425,7 @@ def iterate_shards(
 
 
 def iterate_batches(
-    cache: HiddenCache, cfg: TrainConfig, start_epoch: int, start_batch: int
+    cache: Sequences, cfg: TrainConfig, start_epoch: int, start_batch: int
 ) -> Iterator[tuple[int, int, TrainBatch]]:
     """``(epoch, batch index, whole global batch)`` from ``(start_epoch, start_batch)`` on."""
     for sh in iterate_shards(cache, cfg, start_epoch, start_batch):
@@ -492,17 +508,22 @@ class Trainer:
     ``run.device`` is resolved here (an error naming it when CUDA is asked for and
     absent); the frozen embedding and LM head move there (a float32 copy when the
     target was loaded at lower precision and ``run.autocast`` is float32).
+
+    ``cache`` is the run's sequences: a ``HiddenCache`` for ``data.hidden_states: cache``;
+    ``ResponseSequences`` and ``online`` (the frozen target on ``run.device``) for
+    ``online``. Any other combination is refused.
     """
 
     def __init__(
         self,
         cfg: TrainConfig,
-        cache: HiddenCache,
+        cache: Sequences,
         spec: TargetSpec,
         hf_config: Any,
         embed_tokens: nn.Embedding,
         lm_head: nn.Linear,
         mask_token_id: int,
+        online: OnlineHiddenStates | None = None,
     ) -> None:
         self.cfg = cfg
         self.cache = cache
@@ -513,12 +534,44 @@ class Trainer:
         self.hf_config = hf_config
         self.mask_token_id = mask_token_id
         self.out_dir = Path(cfg.run.out_dir)
+        self.online = online
         layer_ids = resolve_layer_ids(cfg, spec.num_layers)
-        if tuple(cache.layer_ids) != tuple(layer_ids):
-            raise ValueError(
-                f"the hidden cache holds target layers {cache.layer_ids} but this config uses "
-                f"{layer_ids}; set target.layer_ids to match or regenerate the cache"
-            )
+        if cfg.data.hidden_states == "online":
+            if online is None or cache.has_hidden_states:
+                raise ValueError(
+                    "data.hidden_states is 'online': the trainer needs the responses "
+                    "(ResponseSequences) and the frozen target (OnlineHiddenStates), got "
+                    f"{type(cache).__name__} and {type(online).__name__}"
+                )
+            if online.device != self.device:
+                raise ValueError(
+                    f"the online target is on {online.device} but run.device is "
+                    f"{self.device}; build OnlineHiddenStates on run.device"
+                )
+            if online.layer_ids != tuple(layer_ids):
+                raise ValueError(
+                    f"the online target gives layers {online.layer_ids} but this config "
+                    f"uses {layer_ids} (target.layer_ids)"
+                )
+        else:
+            if online is not None or not cache.has_hidden_states:
+                raise ValueError(
+                    "data.hidden_states is 'cache': the trainer reads a HiddenCache and runs "
+                    f"no target, got {type(cache).__name__} and {type(online).__name__}; "
+                    "set data.hidden_states: online to run the target while training"
+                )
+            if tuple(cache.layer_ids) != tuple(layer_ids):
+                raise ValueError(
+                    f"the hidden cache holds target layers {cache.layer_ids} but this config "
+                    f"uses {layer_ids}; set target.layer_ids to match or regenerate the cache"
+                )
+
+    def device_batch(self, data: TrainBatch, non_blocking: bool = False) -> TrainBatch:
+        """``data`` on ``run.device``, with the target's hidden states when online."""
+        batch = data.to(self.device, non_blocking=non_blocking)
+        if self.online is not None:
+            batch = self.online.attach(batch, self.cfg.drafter.block_size)
+        return batch
 
     def _make_optimizer(self, drafter: Drafter) -> tuple[torch.optim.Optimizer, Any]:
         """AdamW over the *unwrapped* drafter's parameters (the same groups at any world
@@ -703,7 +756,7 @@ class Trainer:
             while step < end:
                 sh = next(shards)
                 epoch, b = sh.epoch, sh.batch
-                tb = sh.data.to(self.device, non_blocking=pin)
+                tb = self.device_batch(sh.data, non_blocking=pin)
                 loss, terms = batch_loss(model, self.lm_head, tb, cfg, ctx)
                 opt.zero_grad(set_to_none=True)
                 backward(loss, ctx)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -72,8 +71,8 @@ def test_bad_anchor_config_is_refused() -> None:
 
 
 def _seq(n: int, start: int, h: int = 3, nh: int = 6, offset: int = 0) -> CachedSequence:
-    aux = np.arange(n * nh, dtype=np.float16).reshape(n, nh)
-    last = np.arange(n * h, dtype=np.float16).reshape(n, h) + offset
+    aux = torch.arange(n * nh, dtype=torch.bfloat16).reshape(n, nh)
+    last = torch.arange(n * h, dtype=torch.bfloat16).reshape(n, h) + offset
     return CachedSequence(torch.arange(100, 100 + n) + offset, aux, last, start)
 
 
@@ -89,8 +88,8 @@ def test_make_batch_gathers_labels_prev_tokens_and_target_states() -> None:
     assert batch.valid[0].tolist() == [[True] * 3, [True, True, False], [True, False, False]]
     assert batch.valid[1].tolist() == [[True] * 3, [False] * 3, [False] * 3]
     # target distribution of slot k comes from the last hidden state at p+k
-    assert torch.equal(batch.target_last[0, 1, 1], torch.from_numpy(s1.last[10]).float())
-    assert torch.equal(batch.target_last[1, 0, 2], torch.from_numpy(s2.last[5]).float())
+    assert torch.equal(batch.target_last[0, 1, 1], s1.last[10].float())
+    assert torch.equal(batch.target_last[1, 0, 2], s2.last[5].float())
     assert batch.context_hidden.shape == (2, 12, 6)
     assert float(batch.context_hidden[1, 9:].abs().sum()) == 0.0  # right padding
     assert batch.num_anchors == 4

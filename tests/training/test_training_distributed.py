@@ -51,6 +51,7 @@ def _one_process(cfg_raw: dict, global_batch: int) -> tuple[float, dict[str, tor
     it = iterate_batches(tr.cache, cfg, 0, global_batch)
     epoch, b, tb = next(it)
     assert (epoch, b) == (0, global_batch)
+    tb = tr.device_batch(tb)
     loss, _ = batch_loss(drafter, tr.lm_head, tb, cfg)
     loss.backward()
     grads = {
@@ -84,6 +85,8 @@ CASES = {
     "dflash": ("dflash", {"optim": {"aux_loss_weight": 1.0}}, 3),
     # One sequence for two ranks: rank 1 trains on a zero-weight batch.
     "one_sequence": ("dspark", {"anchors": {"max_anchors_per_batch": 8}}, 1),
+    # No cache: each rank runs the target on its own share of the global batch.
+    "online": ("dspark", {"data": {"hidden_states": "online"}}, 3),
 }
 
 

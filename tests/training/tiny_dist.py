@@ -23,8 +23,9 @@ from tiny_training_target import TINY_LAYER_IDS, tiny_llama
 
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig
-from dspark_sglang.training.dataset import HiddenCache
+from dspark_sglang.training.dataset import HiddenCache, ResponseSequences
 from dspark_sglang.training.distributed import DistContext, init_distributed, shutdown
+from dspark_sglang.training.online import OnlineHiddenStates
 from dspark_sglang.training.trainer import Trainer
 
 TIMEOUT_S = 120
@@ -57,16 +58,25 @@ def tiny_cfg(kind: str, data_dir: Path, out_dir: Path, steps: int, **sections: A
 
 
 def tiny_trainer(cfg: TrainConfig) -> Trainer:
+    """A trainer on the tiny target: on its hidden cache, or with ``data.hidden_states:
+    online`` on its responses with the target (on ``cpu``) computing the states."""
     target = tiny_llama()
     spec = TargetSpec.from_hf_config(target.config, name="tiny")
+    online = None
+    if cfg.data.hidden_states == "online":
+        sequences: HiddenCache | ResponseSequences = ResponseSequences(cfg.data.dir)
+        online = OnlineHiddenStates(target, TINY_LAYER_IDS, "cpu")
+    else:
+        sequences = HiddenCache(cfg.data.dir)
     return Trainer(
         cfg,
-        HiddenCache(cfg.data.dir),
+        sequences,
         spec,
         target.config,
         target.get_input_embeddings(),
         target.get_output_embeddings(),
         mask_token_id=3,
+        online=online,
     )
 
 
@@ -144,15 +154,16 @@ def grads_task(ctx: DistContext, cases: list[tuple[str, dict[str, Any], int]], o
         model = wrap_ddp(DraftStep(drafter), ctx)
         sh = next(iterate_shards(tr.cache, cfg, 0, global_batch, ctx.rank, ctx.world_size))
         assert sh.batch == global_batch
-        loss, _ = batch_loss(model, tr.lm_head, sh.data, cfg, ctx)
+        data = tr.device_batch(sh.data)  # online: this rank's target forward on its share
+        loss, _ = batch_loss(model, tr.lm_head, data, cfg, ctx)
         backward(loss, ctx)
-        sel = sh.data.anchor_mask
+        sel = data.anchor_mask
         torch.save(
             {
                 "share": float(loss.detach()),
                 "loss": float(all_reduce_sum(loss.detach().clone(), ctx)),
-                "local_den": loss_denominators(sh.data.valid[sel], cfg.loss.gamma),
-                "anchors": sh.data.num_anchors,
+                "local_den": loss_denominators(data.valid[sel], cfg.loss.gamma),
+                "anchors": data.num_anchors,
                 "grads": {
                     n: p.grad.clone()
                     for n, p in drafter.named_parameters()
