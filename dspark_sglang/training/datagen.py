@@ -2,13 +2,18 @@
 
 Two resumable passes, both organised as *append-only shards + an index*:
 
-1. ``generate_responses``: prompts (already token ids, encoded with the
-   target's chat template) are batched in a fixed order, left-padded and
-   sampled by the target at temperature 1 (no top-k/top-p: the drafter must
-   learn the target's true distribution). Batch ``i`` is seeded with
-   ``seed_for(seed, i)``, so a batch's output depends only on its prompts and
-   its index: re-running after a kill skips indexed batches and regenerates the
-   rest to byte-identical shards. A shard is written to a temp file and renamed
+1. ``regenerate_responses``: prompts (already token ids, encoded with the
+   target's chat template) are cut into shards of ``batch_size`` in a fixed
+   order and sampled by the target at temperature 1 (no top-k/top-p: the
+   drafter must learn the target's true distribution). Who samples is a
+   ``ShardSampler`` (``data.generator``): HF ``generate`` here (``hf_sampler``,
+   left-padded batches; ``generate_responses``), SGLang's Engine
+   (``regen_sglang``) or SGLang servers (``regen_openai``); the shard writer is
+   the same, so the format cannot depend on it. HF batch ``i`` is seeded with
+   ``seed_for(seed, i)``, so its output depends only on its prompts and its
+   index: re-running after a kill skips indexed batches and regenerates the rest
+   to byte-identical shards (SGLang: per-prompt seeds, see ``regen_sglang`` for
+   when they are honoured). A shard is written to a temp file and renamed
    before its index line is appended, so a crash leaves either a complete,
    indexed shard or nothing the index knows about.
 2. ``cache_hidden_states``: every response shard gets a hidden shard holding,
