@@ -44,6 +44,15 @@ def _number(section: str, name: str, value: object, lo: float = 0.0, hi: float =
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 TARGET_DTYPES = ("float32", "bfloat16", "float16")
+#: Who regenerates the responses: HF ``generate`` in this process, SGLang's ``Engine`` in
+#: this process, or already-running SGLang servers over their HTTP API.
+GENERATORS = ("hf", "sglang", "openai")
+#: SGLang ``Engine`` arguments the data stage sets itself (from run.device, data.gen_dtype,
+#: the target and data.seed): refused in data.sglang_args.
+RESERVED_SGLANG_ARGS = frozenset(
+    {"model_path", "tokenizer_path", "device", "base_gpu_id", "dtype", "random_seed"}
+)
+_URL_RE = re.compile(r"https?://[^\s/]+(/[^\s]*)?")
 _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
@@ -215,6 +224,18 @@ class DataConfig:
     # float32 target, which is what the drafter is conditioned on at serve time.
     gen_dtype: str = "float32"
     hidden_states: HiddenStatesMode = "cache"
+    # Who samples the responses (GENERATORS): "hf" (HF generate here), "sglang" (SGLang's
+    # Engine in this process, on run.device) or "openai" (running SGLang servers at
+    # generator_urls). The on-disk data is the same for all three.
+    generator: str = "hf"
+    # Base URLs of running SGLang servers (generator "openai"), e.g. http://10.0.0.5:30000;
+    # requests are spread over them.
+    generator_urls: tuple[str, ...] = ()
+    # Requests in flight at once (generators "sglang" and "openai"), over all servers.
+    max_in_flight: int = 64
+    # Extra sglang.Engine arguments (generator "sglang"), e.g. {mem_fraction_static: 0.5,
+    # enable_deterministic_inference: true} on a GPU.
+    sglang_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir:
@@ -250,6 +271,59 @@ class DataConfig:
             raise ValueError(
                 f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
             )
+        self._check_generator()
+
+    def _check_generator(self) -> None:
+        if self.generator not in GENERATORS:
+            raise ValueError(
+                f"data.generator must be one of {GENERATORS} (hf: HF generate here, sglang: "
+                f"SGLang's Engine here, openai: running SGLang servers), got {self.generator!r}"
+            )
+        _positive_int("data", "max_in_flight", self.max_in_flight)
+        urls = self.generator_urls
+        if isinstance(urls, str) or not isinstance(urls, list | tuple):
+            raise ValueError(
+                "data.generator_urls must be a list of server base URLs "
+                f"(e.g. [http://127.0.0.1:30000]), got {urls!r}"
+            )
+        bad = [u for u in urls if not isinstance(u, str) or not _URL_RE.fullmatch(u)]
+        if bad:
+            raise ValueError(
+                f"data.generator_urls has entries that are not http(s) base URLs: {bad}; "
+                "write each as http://HOST:PORT"
+            )
+        urls = tuple(u.rstrip("/") for u in urls)
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"data.generator_urls lists a server twice: {list(urls)}")
+        object.__setattr__(self, "generator_urls", urls)
+        if self.generator == "openai" and not urls:
+            raise ValueError(
+                "data.generator 'openai' needs data.generator_urls: the base URLs of running "
+                "SGLang servers (e.g. [http://127.0.0.1:30000])"
+            )
+        if self.generator != "openai" and urls:
+            raise ValueError(
+                f"data.generator_urls is set but data.generator is {self.generator!r}; "
+                "set data.generator: openai to use the servers, or drop generator_urls"
+            )
+        args = self.sglang_args
+        if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
+            raise ValueError(
+                "data.sglang_args must be a mapping of sglang.Engine arguments "
+                f"(e.g. {{mem_fraction_static: 0.5}}), got {args!r}"
+            )
+        reserved = sorted(set(args) & RESERVED_SGLANG_ARGS)
+        if reserved:
+            raise ValueError(
+                f"data.sglang_args sets {reserved}: the data stage sets these from the "
+                "target, run.device, data.gen_dtype and data.seed; change those instead"
+            )
+        if args and self.generator != "sglang":
+            raise ValueError(
+                f"data.sglang_args is set but data.generator is {self.generator!r}; it "
+                "configures the in-process engine: set data.generator: sglang, or drop it"
+            )
+        object.__setattr__(self, "sglang_args", dict(args))
 
     def _check_sources(self) -> None:
         raw = self.sources

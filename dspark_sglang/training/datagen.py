@@ -2,13 +2,18 @@
 
 Two resumable passes, both organised as *append-only shards + an index*:
 
-1. ``generate_responses``: prompts (already token ids, encoded with the
-   target's chat template) are batched in a fixed order, left-padded and
-   sampled by the target at temperature 1 (no top-k/top-p: the drafter must
-   learn the target's true distribution). Batch ``i`` is seeded with
-   ``seed_for(seed, i)``, so a batch's output depends only on its prompts and
-   its index: re-running after a kill skips indexed batches and regenerates the
-   rest to byte-identical shards. A shard is written to a temp file and renamed
+1. ``regenerate_responses``: prompts (already token ids, encoded with the
+   target's chat template) are cut into shards of ``batch_size`` in a fixed
+   order and sampled by the target at temperature 1 (no top-k/top-p: the
+   drafter must learn the target's true distribution). Who samples is a
+   ``ShardSampler`` (``data.generator``): HF ``generate`` here (``hf_sampler``,
+   left-padded batches; ``generate_responses``), SGLang's Engine
+   (``regen_sglang``) or SGLang servers (``regen_openai``); the shard writer is
+   the same, so the format cannot depend on it. HF batch ``i`` is seeded with
+   ``seed_for(seed, i)``, so its output depends only on its prompts and its
+   index: re-running after a kill skips indexed batches and regenerates the rest
+   to byte-identical shards (SGLang: per-prompt seeds, see ``regen_sglang`` for
+   when they are honoured). A shard is written to a temp file and renamed
    before its index line is appended, so a crash leaves either a complete,
    indexed shard or nothing the index knows about.
 2. ``cache_hidden_states``: every response shard gets a hidden shard holding,
@@ -34,7 +39,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,7 +49,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
-from dspark_sglang.training.config import COMPUTE_DTYPES
+from dspark_sglang.training.config import COMPUTE_DTYPES, GENERATORS
 from dspark_sglang.training.hidden_format import (
     DEFAULT_CACHE_DTYPE,
     STORED_DTYPES,
@@ -100,6 +105,7 @@ class GenerationSettings:
     temperature: float = 1.0
     seed: int = 0
     dtype: str = "float32"  # the sampling model's precision (a bfloat16 copy when set)
+    generator: str = "hf"  # who samples: HF generate, SGLang's Engine, or SGLang servers
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
@@ -115,19 +121,31 @@ class GenerationSettings:
             )
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
+        if self.generator not in GENERATORS:
+            raise ValueError(f"data.generator must be one of {GENERATORS}, got {self.generator!r}")
 
     def manifest(self) -> dict[str, object]:
-        """The settings as pinned in a manifest. ``dtype`` is left out at its float32
-        default so directories produced before it existed still resume."""
+        """The settings as pinned in a manifest. ``dtype`` and ``generator`` are left out
+        at their defaults (float32, hf) so directories produced before they existed still
+        resume."""
         out: dict[str, object] = asdict(self)
         if self.dtype == "float32":
             del out["dtype"]
+        if self.generator == "hf":
+            del out["generator"]
         return out
 
 
 def seed_for(seed: int, batch: int) -> int:
     """Per-batch seed; a pure function so any batch can be regenerated alone."""
     digest = hashlib.sha256(f"{seed}:{batch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def seed_for_prompt(seed: int, prompt_id: str) -> int:
+    """Per-request seed of the SGLang generators: a pure function of ``(seed, prompt id)``,
+    so a prompt's sample does not depend on which batch or server it went to."""
+    digest = hashlib.sha256(f"{seed}:prompt:{prompt_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -225,9 +243,16 @@ def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Te
     return input_ids, attn
 
 
-@torch.no_grad()
-def generate_responses(
-    model: PreTrainedModel,
+#: ``(batch number, its prompts)``: one shard's worth of work.
+ShardWork = tuple[int, Sequence[EncodedPrompt]]
+#: A generator's sampling function: given the shards still to do (in order), yields
+#: ``(batch number, one continuation per prompt, seconds spent)`` per shard, in order.
+#: A continuation may run past an EOS (HF pads after it); it is cut after the first one.
+ShardSampler = Callable[[Sequence[ShardWork]], Iterator[tuple[int, list[list[int]], float]]]
+
+
+def regenerate_responses(
+    sample: ShardSampler,
     prompts: Sequence[EncodedPrompt],
     out_dir: str | Path,
     settings: GenerationSettings,
@@ -237,10 +262,11 @@ def generate_responses(
     max_batches: int | None = None,
     progress: bool = True,
 ) -> list[ResponseRecord]:
-    """Sample one response per prompt with the target; resumable (see module docstring).
+    """Write every not-yet-indexed shard that ``sample`` produces; resumable (module docstring).
 
-    ``max_batches`` stops after that many *new* batches (used to size runs and
-    to test resumption). Returns all records generated so far, in prompt order.
+    Shared by all generators, so the on-disk format (shards, index, manifest) cannot
+    depend on who sampled. ``max_batches`` stops after that many *new* batches (used to
+    size runs and to test resumption). Returns all records so far, in prompt order.
     """
     root = Path(out_dir) / RESPONSES_DIR
     ids = [p.id for p in prompts]
@@ -256,47 +282,28 @@ def generate_responses(
     _check_manifest(root, manifest)
     done = read_index(root)
     eos = {int(e) for e in eos_token_ids}
-    gen_cfg = GenerationConfig(
-        do_sample=True,
-        temperature=float(settings.temperature),
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=settings.max_new_tokens,
-        pad_token_id=int(pad_token_id),
-        eos_token_id=sorted(eos),
-    )
-    model.eval()
-    device = next(model.parameters()).device
-    if settings.dtype != "float32":
-        # A copy, never an in-place cast: the caller's float32 target goes on to cache
-        # hidden states, and a bfloat16 round trip would have rounded its weights.
-        model = copy.deepcopy(model).to(getattr(torch, settings.dtype))
     batches = list(_batches(len(prompts), settings.batch_size))
-    todo = [(b, r) for b, r in batches if b not in done]
+    todo = [(b, [prompts[i] for i in r]) for b, r in batches if b not in done]
     bar = tqdm(
         total=len(batches),
         initial=len(batches) - len(todo),
-        desc="generate",
+        desc=f"generate ({settings.generator})",
         unit="batch",
         disable=not progress,
     )
     if max_batches is not None:
         todo = todo[:max_batches]
-    for b, rows in todo:
-        batch = [prompts[i] for i in rows]
-        input_ids, attn = left_pad([p.prompt_ids for p in batch], pad_token_id)
-        width = input_ids.shape[1]
-        torch.manual_seed(seed_for(settings.seed, b))
-        t0 = time.perf_counter()
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attn.to(device),
-            generation_config=gen_cfg,
-        )
-        seconds = time.perf_counter() - t0
+    work = dict(todo)
+    for b, continuations, seconds in sample(todo):
+        batch = work.pop(b)
+        if len(continuations) != len(batch):
+            raise RuntimeError(
+                f"the {settings.generator} generator returned {len(continuations)} responses "
+                f"for the {len(batch)} prompts of batch {b}"
+            )
         records = []
-        for j, p in enumerate(batch):
-            resp, finished = _truncate_at_eos(out[j, width:].tolist(), eos)
+        for p, cont in zip(batch, continuations, strict=True):
+            resp, finished = _truncate_at_eos([int(t) for t in cont], eos)
             records.append(ResponseRecord(p.id, p.domain, list(p.prompt_ids), resp, finished))
         name = f"shard-{b:05d}.jsonl"
         data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
@@ -311,7 +318,78 @@ def generate_responses(
         bar.update(1)
         bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.0f}")
     bar.close()
+    if work:
+        raise RuntimeError(
+            f"the {settings.generator} generator stopped before batches {sorted(work)}"
+        )
     return load_responses(out_dir)
+
+
+def hf_sampler(
+    model: PreTrainedModel, settings: GenerationSettings, *, pad_token_id: int, eos: Sequence[int]
+) -> ShardSampler:
+    """HF ``generate`` on left-padded batches; batch ``b`` is seeded with ``seed_for(seed, b)``."""
+    gen_cfg = GenerationConfig(
+        do_sample=True,
+        temperature=float(settings.temperature),
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=settings.max_new_tokens,
+        pad_token_id=int(pad_token_id),
+        eos_token_id=sorted({int(e) for e in eos}),
+    )
+    model.eval()
+    device = next(model.parameters()).device
+    if settings.dtype != "float32":
+        # A copy, never an in-place cast: the caller's float32 target goes on to cache
+        # hidden states, and a bfloat16 round trip would have rounded its weights.
+        model = copy.deepcopy(model).to(getattr(torch, settings.dtype))
+
+    @torch.no_grad()
+    def sample(todo: Sequence[ShardWork]) -> Iterator[tuple[int, list[list[int]], float]]:
+        for b, batch in todo:
+            input_ids, attn = left_pad([p.prompt_ids for p in batch], pad_token_id)
+            width = input_ids.shape[1]
+            torch.manual_seed(seed_for(settings.seed, b))
+            t0 = time.perf_counter()
+            out = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attn.to(device),
+                generation_config=gen_cfg,
+            )
+            seconds = time.perf_counter() - t0
+            yield b, [out[j, width:].tolist() for j in range(len(batch))], seconds
+
+    return sample
+
+
+def generate_responses(
+    model: PreTrainedModel,
+    prompts: Sequence[EncodedPrompt],
+    out_dir: str | Path,
+    settings: GenerationSettings,
+    *,
+    pad_token_id: int,
+    eos_token_ids: Sequence[int],
+    max_batches: int | None = None,
+    progress: bool = True,
+) -> list[ResponseRecord]:
+    """Sample one response per prompt with HF ``generate``; resumable (module docstring)."""
+    if settings.generator != "hf":
+        raise ValueError(
+            f"generate_responses samples with HF generate, but data.generator is "
+            f"{settings.generator!r}; use regenerate_responses with that generator's sampler"
+        )
+    return regenerate_responses(
+        hf_sampler(model, settings, pad_token_id=pad_token_id, eos=eos_token_ids),
+        prompts,
+        out_dir,
+        settings,
+        pad_token_id=pad_token_id,
+        eos_token_ids=eos_token_ids,
+        max_batches=max_batches,
+        progress=progress,
+    )
 
 
 def load_responses(out_dir: str | Path) -> list[ResponseRecord]:

@@ -3,7 +3,8 @@
 ``run_data_stage`` builds the prompts of ``data.sources`` (the built-in mix and/or chat
 JSONL files; skipped rows and prompts counted per reason in ``sources.json``), checks
 they are disjoint from the eval sets, has the target regenerate responses
-(temperature 1) and caches hidden states (bfloat16; skipped with
+(temperature 1; with HF ``generate``, SGLang's in-process ``Engine`` or running SGLang
+servers, ``data.generator``) and caches hidden states (bfloat16; skipped with
 ``data.hidden_states: online``);
 ``run_train_stage`` trains the configured drafter on that cache, or with ``online`` on
 the responses, running the frozen target inside each step. Both resume where
@@ -13,6 +14,7 @@ they stopped (data: per shard; training: ``resume=True`` from the latest checkpo
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +86,12 @@ def run_data_stage(
         EncodedPrompt,
         GenerationSettings,
         cache_hidden_states,
-        generate_responses,
+        hf_sampler,
         hidden_cache_size,
+        regenerate_responses,
         throughput,
     )
+    from dspark_sglang.training.distributed import resolve_device
     from dspark_sglang.training.prompts import collect_training_prompts
     from dspark_sglang.training.trainer import resolve_layer_ids
 
@@ -124,18 +128,45 @@ def run_data_stage(
         batch_size=d.gen_batch_size,
         seed=d.seed,
         dtype=d.gen_dtype,
+        generator=d.generator,
     )
-    print(f"[data] {len(encoded)} prompts (of {n_all}) -> {d.dir}")
-    generate_responses(
-        target.model,
-        encoded,
-        d.dir,
-        settings,
+    print(f"[data] {len(encoded)} prompts (of {n_all}) -> {d.dir} (generator {d.generator})")
+    regenerate = partial(
+        regenerate_responses,
+        prompts=encoded,
+        out_dir=d.dir,
+        settings=settings,
         pad_token_id=pad,
         eos_token_ids=target.eos_token_ids,
         max_batches=gen_batches,
         progress=progress,
     )
+    if d.generator == "hf":
+        regenerate(hf_sampler(target.model, settings, pad_token_id=pad, eos=target.eos_token_ids))
+    elif d.generator == "sglang":
+        from dspark_sglang.training.regen_sglang import EngineSettings, engine_sampler, open_engine
+
+        if target.path is None:
+            raise ValueError(
+                "data.generator 'sglang' starts SGLang on the target's model folder, but this "
+                "target was built in memory; set target.name to an HF model folder"
+            )
+        engine_settings = EngineSettings(
+            model_path=str(target.path),
+            device=str(resolve_device(cfg.run.device)),
+            dtype=d.gen_dtype,
+            seed=d.seed,
+            threads=cfg.run.threads,
+            extra=d.sglang_args,
+        )
+        with open_engine(engine_settings) as engine:
+            regenerate(engine_sampler(engine, settings, target.eos_token_ids, d.max_in_flight))
+    else:
+        from dspark_sglang.training.regen_openai import server_sampler
+
+        regenerate(
+            server_sampler(d.generator_urls, settings, target.eos_token_ids, d.max_in_flight)
+        )
     layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
     gen = throughput(Path(d.dir) / RESPONSES_DIR)
     figures: dict[str, Any] = {
