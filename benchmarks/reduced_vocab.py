@@ -32,27 +32,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from dspark_sglang.model import DSparkConfig, DSparkDrafter, TargetSpec, sample_block
+from dspark_sglang.model import DSparkConfig, DSparkDrafter, sample_block
 from dspark_sglang.model.vocab import DraftVocab
 from dspark_sglang.results import default_out, dump_json, software_versions
+from dspark_sglang.targets.smollm2 import SMOLLM2_GEOMETRY
 from dspark_sglang.training.config import load_config
 from dspark_sglang.training.dataset import TrainBatch
 from dspark_sglang.training.trainer import batch_loss
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "configs/dspark_smollm2.yaml"
-SMOLLM2 = TargetSpec(
-    name="smollm2",
-    vocab_size=49152,
-    hidden_size=576,
-    num_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=8192,
-)
+SMOLLM2 = SMOLLM2_GEOMETRY
 
 
 def drafter_pair(k: int) -> tuple[DSparkDrafter, DSparkDrafter]:

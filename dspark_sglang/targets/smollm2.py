@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from dspark_sglang.model.config import TargetSpec
+
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERSION_RECIPE = 1  # bump when the conversion below changes; forces a re-convert
@@ -37,6 +39,19 @@ RECORD_FILENAME = "dspark_conversion.json"
 CHECK_PROMPT = "The capital of France is"
 CHECK_NEW_TOKENS = 8
 DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2"
+#: SmolLM2-135M-Instruct's shapes, for benchmarks that need its geometry but not its weights.
+SMOLLM2_GEOMETRY = TargetSpec(
+    name=SMOLLM2_NAME,
+    vocab_size=49152,
+    hidden_size=576,
+    num_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+)
 """The trained DSpark drafter for SmolLM2 that ships inside the package (config, weights,
 ``sts.json``); the demo and the sim-validation benchmark use it unless told otherwise."""
 

@@ -9,27 +9,18 @@ parser and then ours for the module's arguments.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 from pathlib import Path
 
 import yaml
+from cli_parsing import strict
 
 from dspark_sglang.cli import build_parser
 from dspark_sglang.training.config import TrainConfig
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "train-your-own-target.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-
-
-def _strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.allow_abbrev = False
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                _strict(sub)
-    return parser
 
 
 def _blocks(lang: str) -> list[str]:
@@ -48,7 +39,7 @@ def test_every_command_on_the_guide_parses() -> None:
 
     commands = [line for block in _blocks("bash") for line in block.splitlines() if line.strip()]
     assert len(commands) == 3
-    ours = _strict(build_parser())
+    ours = strict(build_parser())
     seen = set()
     for line in commands:
         argv = shlex.split(line)

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 from chart_tools import CHART, NAMESPACE, RELEASE, ROOT, SHIPPED, helm_bin, kubectl_bin, render
+from cli_parsing import strict
 from runbook_commands import (
     NON_SHELL_LANGS,
     PLACEHOLDER,
@@ -706,17 +707,6 @@ class Outcome:
 
 _OUT_FLAGS = {"--out", "--plot"}
 _FILE_SUFFIXES = (".json", ".yaml", ".yml", ".jsonl", ".pt", ".png")
-
-
-def strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`parser` and its subparsers without prefix matching: argparse would take a runbook's
-    `--base-values` for a renamed `--base-values-file`; a runbook must spell flags in full."""
-    parser.allow_abbrev = False
-    for a in parser._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for p in a.choices.values():
-                strict(p)
-    return parser
 
 
 class RunbookRun:

@@ -42,12 +42,12 @@ Checked, 3 prompts of mixed length x 24 greedy tokens:
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tiny_hf_targets import save_tiny_target
 
 from dspark_sglang.model import DSparkDrafter
 from dspark_sglang.model.vocab import DraftVocab
@@ -64,46 +64,13 @@ NEW_TOKENS = 24
 BLOCK = 4
 WINDOW = 16
 DRAFT_VOCAB = 2048
-#: Target seed and init scale: a varied greedy path with repeats (see the docstring).
-TARGET_SEED = 1
-TARGET_INIT_RANGE = 0.1
-TOKENIZER_FILES: tuple[str, ...] = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-)
 
 
 @pytest.fixture(scope="module")
 def qwen3_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 causal LM (fp32 safetensors) with SmolLM2's tokenizer files."""
-    from transformers import AutoConfig, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
     folder = tmp_path_factory.mktemp("qwen3_target") / "tiny-qwen3"
-    tok = AutoTokenizer.from_pretrained(smollm2_path)
-    smol = AutoConfig.from_pretrained(smollm2_path)
-    config = Qwen3Config(
-        vocab_size=smol.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        initializer_range=TARGET_INIT_RANGE,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(TARGET_SEED)
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
-    model.save_pretrained(folder, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(smollm2_path / name, folder / name)
-    saved = AutoConfig.from_pretrained(folder)
-    assert saved.architectures == ["Qwen3ForCausalLM"] and saved.model_type == "qwen3"
-    return folder
+    return save_tiny_target("qwen3", folder, smollm2_path)
 
 
 @pytest.fixture(scope="module")
