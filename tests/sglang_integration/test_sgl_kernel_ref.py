@@ -219,6 +219,134 @@ def test_copy_all_layer_kv_cache_overlapping_ranges() -> None:
         assert torch.equal(b, e)
 
 
+def _reconstruct_loop(mask: torch.Tensor, seq_lens: list[int], n: int) -> tuple[list, ...]:
+    """SGLang's CUDA ``reconstructIndicesFromTreeMask``, one (request, node) at a time."""
+    m = mask.reshape(-1).tolist()
+    pos, ridx, nxt, sib = [], [], [], []
+    for b, seq_len in enumerate(seq_lens):
+        base = b * n * n
+        for t in range(n):
+            depth, parent = 0, -1
+            for i in range(t - 1, -1, -1):
+                if m[base + t * n + i]:
+                    depth += 1
+                    if parent == -1:
+                        parent = i
+            pos.append(depth + seq_len)
+            ridx.append(b * n + t)
+            nxt.append(next((i for i in range(t + 1, n) if m[base + i * n + t]), -1))
+            sibling = -1
+            if parent != -1:
+                for i in range(t + 1, n):
+                    row = m[base + i * n : base + i * n + n]
+                    if row[parent] and not any(row[parent + 1 : i]):
+                        sibling = i
+                        break
+            sib.append(sibling)
+    return pos, ridx, nxt, sib
+
+
+def _random_tree_mask(g: torch.Generator, n: int) -> torch.Tensor:
+    """An NGRAM-style draft tree: node 0 is the root, parent(i) < i, mask = ancestors + self."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[0, 0] = True
+    for i in range(1, n):
+        parent = int(torch.randint(0, i, (1,), generator=g))
+        mask[i] = mask[parent]
+        mask[i, i] = True
+    return mask
+
+
+def _run_reconstruct(mask: torch.Tensor, seq_lens: torch.Tensor, bs: int, n: int) -> list:
+    # Preallocated larger than bs, as NGRAMWorker does; rows past bs must stay untouched.
+    pos = torch.full(((bs + 1) * n,), -7, dtype=torch.int64)
+    ridx, nxt, sib = (torch.full((bs + 1, n), -7, dtype=torch.int64) for _ in range(3))
+    sgl_kernel.reconstruct_indices_from_tree_mask(mask, seq_lens, pos, ridx, nxt, sib, bs, n)
+    for t in (pos[bs * n :], ridx[bs:], nxt[bs:], sib[bs:]):
+        assert (t == -7).all()
+    return [pos[: bs * n].tolist()] + [t[:bs].reshape(-1).tolist() for t in (ridx, nxt, sib)]
+
+
+@pytest.mark.parametrize("kind", ["tree", "arbitrary"])
+@pytest.mark.parametrize("n", [1, 4, 9])
+def test_reconstruct_indices_from_tree_mask_matches_loop(kind: str, n: int) -> None:
+    g = torch.Generator().manual_seed(7 * n + len(kind))
+    for bs in (1, 3):
+        if kind == "tree":
+            mask = torch.stack([_random_tree_mask(g, n) for _ in range(bs)]).reshape(-1)
+        else:  # any bytes: the kernel's contract reads the raw strict lower triangle
+            mask = (torch.rand(bs * n * n, generator=g) > 0.5).to(torch.uint8)
+        seq_lens = torch.randint(1, 100, (bs,), generator=g)
+        got = _run_reconstruct(mask, seq_lens, bs, n)
+        assert got == list(_reconstruct_loop(mask, seq_lens.tolist(), n))
+
+
+def test_reconstruct_indices_from_ngram_corpus_mask() -> None:
+    # A mask SGLang's NgramCorpus returns: chain 0-1-2, node 3 a second child of 1.
+    mask = torch.tensor([1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 0, 1], dtype=torch.bool)
+    pos, ridx, nxt, sib = _run_reconstruct(mask, torch.tensor([10]), 1, 4)
+    assert pos == [10, 11, 12, 12] and ridx == [0, 1, 2, 3]
+    assert nxt == [1, 2, -1, -1] and sib == [-1, -1, 3, -1]
+
+
+def _verify_greedy_loop(cand, ridx, nxt, sib, target, predicts, accept_index, steps):
+    """SGLang's CUDA ``VerifyTreeGreedy``, request by request on Python lists."""
+    flat_target = [x for row in target for x in row]
+    nums = []
+    for b in range(len(cand)):
+        last = ridx[b][0]
+        accept_index[b][0] = last
+        num, cur = 0, 0
+        for _ in range(1, steps):
+            cur = nxt[b][cur]
+            while cur != -1:
+                if cand[b][cur] == flat_target[last]:
+                    predicts[last] = flat_target[last]
+                    num += 1
+                    accept_index[b][num] = ridx[b][cur]
+                    last = ridx[b][cur]
+                    break
+                cur = sib[b][cur]
+            if cur == -1:
+                break
+        nums.append(num)
+        predicts[last] = flat_target[last]
+    return predicts, accept_index, nums
+
+
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_verify_tree_greedy_matches_loop(n: int) -> None:
+    g = torch.Generator().manual_seed(11 + n)
+    bs, vocab = 6, 3  # a tiny vocabulary, so drafts match often and walks go deep
+    accepted = 0
+    for steps in (1, 3, n):
+        mask = torch.stack([_random_tree_mask(g, n) for _ in range(bs)]).reshape(-1)
+        _, ridx, nxt, sib = (torch.tensor(x) for x in _reconstruct_loop(mask, [0] * bs, n))
+        ridx, nxt, sib = ridx.reshape(bs, n), nxt.reshape(bs, n), sib.reshape(bs, n)
+        cand = torch.randint(0, vocab, (bs, n), generator=g)
+        target = torch.randint(0, vocab, (bs, n), generator=g)
+        predicts = torch.full((bs * n,), -5, dtype=torch.int32)
+        accept_index = torch.full((bs, steps), -1, dtype=torch.int32)
+        num = torch.full((bs,), -9, dtype=torch.int32)
+        ref = _verify_greedy_loop(
+            cand.tolist(), ridx.tolist(), nxt.tolist(), sib.tolist(), target.tolist(),
+            predicts.tolist(), accept_index.tolist(), steps,
+        )  # fmt: skip
+        sgl_kernel.verify_tree_greedy_cpu(
+            predicts=predicts,
+            accept_index=accept_index,
+            accept_token_num=num,
+            candidates=cand,
+            retrive_index=ridx,
+            retrive_next_token=nxt,
+            retrive_next_sibling=sib,
+            target_predict=target,
+        )
+        assert (predicts.tolist(), accept_index.tolist(), num.tolist()) == ref
+        accepted += sum(ref[2])
+    assert n == 1 or accepted > 0  # the walks did go past the root
+
+
 def test_exposes_only_reference_names() -> None:
     assert sgl_kernel.IS_REFERENCE_IMPLEMENTATION
     # SGLang treats this op as "AMX weight packing available"; we must not claim it.

@@ -4,9 +4,10 @@ Why it exists: SGLang's CPU engine calls ``torch.ops.sgl_kernel.*_cpu`` ops
 that come from a C++ build of sgl-kernel which is not on PyPI. This package
 registers reference implementations of *only* the ops the CPU paths this
 project uses reach (attention for plain decoding and speculative verify, the
-request-to-token writer), and exposes *only* those Python names, so SGLang's
-own ``try: from sgl_kernel import X / except ImportError`` fallbacks for
-everything else keep choosing their pure-torch/Triton paths.
+request-to-token writer, the tree ops of SGLang's NGRAM prompt lookup), and
+exposes *only* those Python names, so SGLang's own ``try: from sgl_kernel
+import X / except ImportError`` fallbacks for everything else keep
+choosing their pure-torch/Triton paths.
 
 It deliberately does not define ``convert_weight_packed``: SGLang reads that
 op as "AMX weight packing is available" and would then route linear layers to
@@ -26,6 +27,7 @@ from sgl_kernel.memory import (
 )
 from sgl_kernel.speculative import (
     build_tree_kernel_efficient_cpu,
+    reconstruct_indices_from_tree_mask,
     rotate_input_ids_cpu,
     verify_tree_greedy_cpu,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "copy_all_layer_kv_cache_cpu",
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
+    "reconstruct_indices_from_tree_mask",
     "rotate_input_ids_cpu",
     "verify_tree_greedy_cpu",
 ]
