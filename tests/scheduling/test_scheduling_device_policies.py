@@ -5,13 +5,15 @@ The NumPy policies (``policies.py``) are the oracle: on thousands of random inpu
 monotone, jagged and tile-like staircases, additive tables, table and policy caps)
 the device versions must return exactly the same verify lengths. Losslessness is
 tested by ``test_scheduling_lossless.py``, parametrised over both implementations.
-The guard test runs every device policy with torch's host read-backs made to raise.
+The guard test runs every device policy with torch's host read-backs made to raise,
+and TorchDynamo traces the prefix and lagged decisions as one graph of static shapes.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -223,6 +225,44 @@ def test_host_sync_guard_catches_the_numpy_policy() -> None:
     conf = torch.rand(4, 3, generator=torch.Generator().manual_seed(0))
     with pytest.raises(HostSyncError), host_syncs_raise("the host policy"):
         PrefixScheduler(_STAIR).decide(conf)
+
+
+def static_shapes_only(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A TorchDynamo backend that refuses a traced tensor of data-dependent shape.
+
+    With ``dynamic=False`` every symbolic size is an unbacked one (boolean-mask
+    indexing, ``nonzero``, ``bincount``), which Dynamo traces without a graph break.
+    """
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        for t in value if isinstance(value, tuple | list) else [value]:
+            if isinstance(t, torch.Tensor) and not all(isinstance(d, int) for d in t.shape):
+                raise AssertionError(f"data-dependent shape {tuple(t.shape)}: {node.format_node()}")
+    return gm.forward
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_device_policies_trace_as_one_graph_of_static_shapes() -> None:
+    """TorchDynamo's ``fullgraph=True`` refuses host reads; the backend, symbolic shapes.
+
+    (A data-dependent shape needs no Python-level read, so the guard above cannot see
+    it.) The host policy is refused, as a control.
+    """
+    g = torch.Generator().manual_seed(2)
+    confs = [torch.rand(24, 6, generator=g) ** 0.3 for _ in range(4)]
+    for make in (GUARDED["prefix"], GUARDED["lagged"]):
+        torch._dynamo.reset()
+        eager, policy = make(), make()
+        traced = torch.compile(
+            policy.decide, fullgraph=True, backend=static_shapes_only, dynamic=False
+        )
+        for conf in confs:
+            assert torch.equal(traced(conf), eager.decide(conf))
+    torch._dynamo.reset()
+    host = torch.compile(PrefixScheduler(_STAIR).decide, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"(?i)data.dependent"):
+        host(confs[0])
+    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------- errors
