@@ -12,7 +12,7 @@ unique int64 key (survival desc, then position, then request) and one sort; then
 all prefixes at once ``tau = N + cumsum(A)``, ``theta[j] = tau[j] * SPS(N + j)``
 with ``SPS`` a staircase lookup on a device copy of the cost table; candidate ``t``
 is admitted iff ``theta`` increased at every step up to it
-(``cummin(theta[1:] > theta[:-1])``), and verify lengths are a ``scatter_add`` of the
+(``cummin(~(theta[1:] <= theta[:-1]))``), and verify lengths are a ``scatter_add`` of the
 admitted candidates into their requests.
 
 ``DeviceLaggedBudgetScheduler``: the budget ``j*`` is the first argmax of ``theta``
