@@ -7,7 +7,12 @@ round latency at batch 128). Both are measured here, on one CPU thread.
 
 1. Scheduling policies: ``decide`` time for N in {1, 32, 256, 1024} requests x B = 7,
    p50/p99 over many repeats, on a tile-like staircase SPS table and random
-   confidences (a pool of inputs cycled so generation is not timed).
+   confidences (a pool of inputs cycled so generation is not timed). Side by side on
+   the same inputs: the NumPy policies (``scheduling/policies.py``), their device
+   twins run on the CPU (``scheduling/device_policies.py``, rows ``<name> [device cpu]``)
+   and SGLang 0.5.23's own DSpark planner decision (row ``sglang planner``, see
+   ``SglangPlannerDecision``: SGLang's lengths count the anchor, its
+   ``mean_verify_len`` here is drafts per request like ours).
 2. Drafter: one parallel ``forward_block`` vs the Markov sampling loop
    (``sample_block``: Markov bias, processed distribution and a draw per position,
    plus the confidence head) at batch 128, B in {4, 8, 16}, random weights with a
@@ -30,6 +35,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ import torch
 
 from dspark_sglang.results import default_out, dump_json
 from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import (
     AnticipatingGlobalSearch,
     SchedulingPolicy,
@@ -71,13 +78,91 @@ def policies(table: SpsCostTable) -> list[SchedulingPolicy]:
     ]
 
 
+class SglangPlannerDecision(SchedulingPolicy):
+    """SGLang 0.5.23's per-step DSpark planner decision, called standalone on the CPU.
+
+    ``DSparkVerifyPlanner`` itself cannot be built outside a running server: its
+    constructor reads the server arguments from SGLang's runtime context (``get_spec()``
+    raises "config namespace 'spec' not published"), and a step also needs the model
+    runner's request pool (``req_generation``), the draft model's confidence head and
+    the TP sync. So this calls what the planner calls each step:
+    ``HostConfidenceBudgetPlanner.compute_budget`` on the confidences of two steps ago
+    (the overlap relay ring's lag, no carry ring) and ``ScheduleVerifyLensTopk.execute``
+    on the current ones (its torch path on CPU tensors). Until two steps of history
+    exist SGLang has no resolved confidence and verifies every draft; so does this.
+    Returned lengths are draft tokens (SGLang's minus its ``min_verify_len`` anchor).
+    """
+
+    def __init__(self, table: SpsCostTable, block: int) -> None:
+        import msgspec
+        from sglang.kernels.ops.speculative.dspark.dspark_schedule import ScheduleVerifyLensTopk
+        from sglang.srt.managers.overlap_utils import CONFIDENCE_RELAY_RING_LAG
+        from sglang.srt.speculative.dspark_components import dspark_planner, dspark_sps
+
+        self.cfg = dspark_planner.DSparkScheduleConfig(gamma=block)
+        self.planner = dspark_planner.HostConfidenceBudgetPlanner(
+            sps_table=msgspec.json.decode(table.to_json(), type=dspark_sps.SpsCostTable),
+            cfg=self.cfg,
+            model_runner=None,  # only touched by the carry ring, absent at relay lag 2
+            relay_lag_steps=CONFIDENCE_RELAY_RING_LAG,
+        )
+        self.topk = ScheduleVerifyLensTopk
+        self.lag = CONFIDENCE_RELAY_RING_LAG
+        self.block = block
+        self._history: deque[torch.Tensor] = deque(maxlen=self.lag + 1)
+        self._pool_index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def name(self) -> str:
+        return "sglang planner"
+
+    def reset(self) -> None:
+        self._history.clear()
+
+    def decide(self, confidence: torch.Tensor) -> torch.Tensor:
+        n = confidence.shape[0]
+        self._history.append(confidence)
+        if len(self._history) <= self.lag:
+            return torch.full((n,), self.block, dtype=torch.int64)
+        if n not in self._pool_index:  # request slots and generations: the pool's, not timed
+            self._pool_index[n] = (torch.arange(n), torch.ones(n, dtype=torch.int64))
+        slots, generation = self._pool_index[n]
+        budget = self.planner.compute_budget(
+            confidence=self._history[0],
+            generation=generation,
+            current_generation=generation,
+            req_pool_indices_cpu=slots,
+        )
+        lens = self.topk.execute(confidence=confidence, budget=budget, cfg=self.cfg)
+        return lens.to(torch.int64) - self.cfg.min_verify_len
+
+
+def sglang_planner(table: SpsCostTable) -> tuple[list[tuple[str, SchedulingPolicy]], str | None]:
+    """``[("sglang planner", decision)]``, or ``[]`` and why SGLang cannot be called."""
+    try:
+        decision = SglangPlannerDecision(table, BLOCK)
+    except ImportError as exc:
+        return [], f"SGLang's DSpark planner is not importable: {exc}"
+    return [(decision.name, decision)], None
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
 
 
-def bench_scheduler(repeats: int) -> list[dict[str, Any]]:
-    """Decision time per step for each policy and N (microseconds)."""
+def bench_scheduler(repeats: int) -> tuple[list[dict[str, Any]], str | None]:
+    """Decision time per step for each policy and N (microseconds), and why SGLang's
+    planner rows are missing (``None`` when they are there)."""
     table = staircase_table()
+    host = policies(table)
+    timed: list[tuple[str, SchedulingPolicy]] = [(p.name, p) for p in host]
+    timed += [
+        (f"{p.name} [device cpu]", device_twin(p, "cpu"))
+        for p in host
+        if not isinstance(p, AnticipatingGlobalSearch)  # no device twin: it is biased
+    ]
+    sglang_rows, sglang_skipped = sglang_planner(table)
+    timed += sglang_rows
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for n in REQUEST_COUNTS:
@@ -87,7 +172,7 @@ def bench_scheduler(repeats: int) -> list[dict[str, Any]]:
             torch.sigmoid(1.5 + level + 0.8 * torch.randn(n, BLOCK, generator=gen))
             for _ in range(16)
         ]
-        for policy in policies(table):
+        for label, policy in timed:
             policy.reset()
             for i in range(min(50, repeats)):  # warm-up (and the lagged history)
                 policy.decide(pool[i % len(pool)])
@@ -102,7 +187,7 @@ def bench_scheduler(repeats: int) -> list[dict[str, Any]]:
             times.sort()
             rows.append(
                 {
-                    "policy": policy.name,
+                    "policy": label,
                     "num_requests": n,
                     "block": BLOCK,
                     "p50_us": round(percentile(times, 0.5), 1),
@@ -111,7 +196,7 @@ def bench_scheduler(repeats: int) -> list[dict[str, Any]]:
                     "repeats": repeats,
                 }
             )
-    return rows
+    return rows, sglang_skipped
 
 
 def bench_drafter(repeats: int, vocab: int) -> list[dict[str, Any]]:
@@ -192,6 +277,22 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
         print("  " + "  ".join(str(r[k]).rjust(w) for k, w in zip(keys, widths, strict=True)))
 
 
+def print_side_by_side(rows: list[dict[str, Any]]) -> None:
+    """p50 decision time (us) per N: NumPy vs device (CPU) for each policy, then SGLang's."""
+    p50 = {(r["policy"], r["num_requests"]): r["p50_us"] for r in rows}
+    labels = list(dict.fromkeys(r["policy"] for r in rows))
+    cols = [label for label in labels if not label.endswith(" [device cpu]")]
+    table = []
+    for n in REQUEST_COUNTS:
+        row: dict[str, Any] = {"N": n}
+        for label in cols:
+            device = f"{label} [device cpu]"
+            both = [p50[(label, n)]] + ([p50[(device, n)]] if (device, n) in p50 else [])
+            row[label] = " / ".join(str(x) for x in both)
+        table.append(row)
+    print_table("p50 us per decision, NumPy / device on CPU (SGLang: its planner alone)", table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2000, help="decisions timed per cell")
@@ -219,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "loadavg_start": list(os.getloadavg()),
-        "scheduler": bench_scheduler(args.repeats),
     }
+    result["scheduler"], sglang_skipped = bench_scheduler(args.repeats)
+    if sglang_skipped:
+        result["sglang_planner"] = {"skipped": sglang_skipped}
+        print(f"sglang planner rows skipped: {sglang_skipped}")
     print_table("Scheduler decision time (one CPU thread), B = 7", result["scheduler"])
+    print_side_by_side(result["scheduler"])
     if args.skip_drafter:
         result["drafter"] = {"skipped": "--skip-drafter"}
     else:

@@ -9,11 +9,12 @@ a random anchor; we record its first two output tokens (continuing with plain
 target sampling when a round emitted only one) and chi-square test them against
 the exact target law ``pi(a) T[a, y1] T[y1, y2]``.
 
-Each policy is run on >= 200k independent generations in batches of random size
-(1..96 requests, so the cross-request ranking and the early stop are exercised);
-the lagged policy's budget comes from earlier batches. Fixed seeds; a correct
-implementation passes with p > 0.001, and the Appendix-A test shows the same
-machinery rejects a biased scheduler with p < 1e-6.
+Each policy, in both implementations (the NumPy policies and their device twins of
+``scheduling/device_policies.py``), is run on >= 200k independent generations in
+batches of random size (1..96 requests, so the cross-request ranking and the early
+stop are exercised); the lagged policy's budget comes from earlier batches. Fixed
+seeds; a correct implementation passes with p > 0.001, and the Appendix-A test
+shows the same machinery rejects a biased scheduler with p < 1e-6.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scipy.stats import chisquare
 
 from dspark_sglang.sampling import sample
 from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import (
     AnticipatingGlobalSearch,
     LaggedBudgetScheduler,
@@ -141,11 +143,20 @@ POLICIES: dict[str, Callable[[], SchedulingPolicy]] = {
 }
 
 
+IMPLEMENTATIONS = ("numpy", "device")
+
+
+def make(policy: SchedulingPolicy, impl: str) -> SchedulingPolicy:
+    """The host policy itself, or its device twin (on CPU here)."""
+    return policy if impl == "numpy" else device_twin(policy)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", list(POLICIES))
-def test_scheduled_chain_verification_is_lossless(name: str) -> None:
+def test_scheduled_chain_verification_is_lossless(name: str, impl: str) -> None:
     setup = ToyMarkovSetup(v=5, b=3, seed=11)
     sizes = random_batch_sizes(NUM_GENERATIONS, 1, 96, seed=5)
-    policy = POLICIES[name]()
+    policy = make(POLICIES[name](), impl)
     anchors, y1, y2, lens = run_policy(setup, policy.decide, sizes, seed=100 + len(name))
     v = setup.v
     first, joint = setup.exact_joint()
@@ -217,8 +228,9 @@ def test_appendix_a_global_search_is_biased_and_detected() -> None:
     assert pvalue < 1e-6, f"the chi-square test failed to detect the bias (p={pvalue:.2e})"
 
 
-def test_appendix_a_prefix_scheduler_is_exact() -> None:
-    y1, lens, _ = appendix_a(PrefixScheduler(APPENDIX_A_COST))
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_appendix_a_prefix_scheduler_is_exact(impl: str) -> None:
+    y1, lens, _ = appendix_a(make(PrefixScheduler(APPENDIX_A_COST), impl))
     assert (lens == 0).all()  # the early stop at b = 2
     p_a = float((y1 == TOKEN_A).double().mean())
     assert abs(p_a - 0.70) < 0.01

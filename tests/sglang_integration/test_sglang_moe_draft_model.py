@@ -19,7 +19,6 @@ refused with the field named.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from host_sync_guard import HostSyncError, host_syncs_raise
 from safetensors.torch import load_file
 
 from dspark_sglang.model import (
@@ -391,34 +391,8 @@ def test_bad_checkpoints_are_refused(sglang_runtime: None, tmp_path: Path) -> No
 # indexing), and outside graphs every sync stalls the GPU. Without a GPU two
 # checks stand in: TorchDynamo's ``fullgraph=True`` tracing (it refuses both
 # kinds) of the MoE and the windowed attention, and the whole draft forward run
-# with the Python-level sync entry points made to raise. Each check is shown to
-# fail on the training code's per-expert loop, which does sync.
-
-_SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
-
-
-class HostSyncError(AssertionError):
-    """A tensor was read back to the host inside a forward that must not sync."""
-
-
-@contextlib.contextmanager
-def _host_syncs_raise() -> Iterator[None]:
-    """Make ``torch.Tensor``'s host read-backs raise for the duration of the block."""
-    saved = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
-
-    def trap(name: str) -> Any:
-        def raiser(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            raise HostSyncError(f"Tensor.{name}() called inside the draft forward")
-
-        return raiser
-
-    try:
-        for name in _SYNC_METHODS:
-            setattr(torch.Tensor, name, trap(name))
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+# with the Python-level sync entry points made to raise (``host_sync_guard``). Each
+# check is shown to fail on the training code's per-expert loop, which does sync.
 
 
 def _moe_pair(top_k: int, shared: bool, seed: int = 0) -> tuple[MoEFFN, Any]:
@@ -540,7 +514,7 @@ def test_draft_forward_never_syncs_with_host(sglang_runtime: None, tmp_path: Pat
         with (
             torch.inference_mode(),
             forward_context(ForwardContext(attn_backend=case.pools)),
-            _host_syncs_raise(),
+            host_syncs_raise("the draft forward"),
         ):
             out = model.forward(
                 batch.input_ids, batch.positions, batch, input_embeds=batch.input_embeds
