@@ -12,9 +12,10 @@ batches; this measures what it buys on the same prompts, side by side in one pro
   with ``hf_sampler`` (batches of ``--hf-batch``, left-padded) or ``engine_sampler``
   (``--max-in-flight`` requests submitted at once, CPU engine settings of
   ``sglang_integration.engine``), both at ``--dtype`` with ``--threads`` threads.
-* After an untimed warm-up of each, every repeat runs HF then SGLang; tokens/s counts the
-  new tokens written (up to EOS) over the pass's wall time. The engine is started once
-  (its start-up time is reported separately, not in tokens/s). Median and range over
+* Every repeat runs HF with no engine alive (an engine's scheduler process would share
+  the cores), then starts a fresh engine (start-up reported apart, not in tokens/s), warms
+  it up untimed and runs SGLang; HF is warmed up once, untimed. tokens/s counts the new
+  tokens written (up to EOS) over the pass's wall time. Median and range over
   ``--repeats``.
 
 Usage: ``python benchmarks/datagen_speed.py [--prompts 48] [--new-tokens 128]
@@ -33,7 +34,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,36 +139,46 @@ def main() -> int:
             "max_in_flight": args.max_in_flight,
             "repeats": args.repeats,
             "seed": args.seed,
-            "order": "an untimed warm-up of each (2 prompts x 4 tokens), then each repeat: "
-            "hf, then sglang",
+            "order": "an untimed HF warm-up (2 prompts x 4 tokens), then each repeat: hf with "
+            "no engine alive, then a fresh engine (start-up timed apart, an untimed warm-up) "
+            "and sglang",
             "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
         },
         "versions": {**software_versions(), "sglang": md.version("sglang")},
         "loadavg_start": os.getloadavg(),
     }
     runs: dict[str, list[dict]] = {g: [] for g in GENERATORS}
-    t0 = time.perf_counter()
-    with open_engine(
-        EngineSettings(model_path=str(path), dtype=args.dtype, seed=args.seed, threads=args.threads)
-    ) as engine:
-        result["sglang_startup_s"] = round(time.perf_counter() - t0, 1)
-        samplers: dict[str, Callable[[], Any]] = {
-            "hf": lambda: hf_sampler(target.model, settings("hf"), pad_token_id=pad, eos=eos),
-            "sglang": lambda: engine_sampler(engine, settings("sglang"), eos, args.max_in_flight),
-        }
-        for g in GENERATORS:  # untimed: first-call kernel set-up is not regeneration speed
-            warm = dataclasses.replace(settings(g), max_new_tokens=4)
-            timed_pass(samplers[g](), prompts[:2], warm, eos)
-        for rep in range(args.repeats):
-            for g in GENERATORS:
-                sampler = samplers[g]()  # outside the timed pass (HF makes its dtype copy here)
-                run = timed_pass(sampler, prompts, settings(g), eos)
-                runs[g].append(run)
-                print(
-                    f"repeat {rep + 1}/{args.repeats} {g:<7} {run['tokens']:>6} tokens "
-                    f"{run['seconds']:>8.1f} s {run['tokens_per_s']:>8.1f} tok/s",
-                    flush=True,
-                )
+    startups: list[float] = []
+    engine_settings = EngineSettings(
+        model_path=str(path), dtype=args.dtype, seed=args.seed, threads=args.threads
+    )
+
+    def hf() -> Any:
+        return hf_sampler(target.model, settings("hf"), pad_token_id=pad, eos=eos)
+
+    def report(rep: int, g: str, run: dict) -> None:
+        runs[g].append(run)
+        print(
+            f"repeat {rep + 1}/{args.repeats} {g:<7} {run['tokens']:>6} tokens "
+            f"{run['seconds']:>8.1f} s {run['tokens_per_s']:>8.1f} tok/s",
+            flush=True,
+        )
+
+    # Untimed: first-call kernel set-up is not regeneration speed.
+    timed_pass(hf(), prompts[:2], dataclasses.replace(settings("hf"), max_new_tokens=4), eos)
+    for rep in range(args.repeats):
+        # No engine is alive while HF runs: its scheduler process would share the cores.
+        report(rep, "hf", timed_pass(hf(), prompts, settings("hf"), eos))
+        t0 = time.perf_counter()
+        with open_engine(engine_settings) as engine:
+            startups.append(round(time.perf_counter() - t0, 1))
+            warm = dataclasses.replace(settings("sglang"), max_new_tokens=4)
+            timed_pass(
+                engine_sampler(engine, warm, eos, args.max_in_flight), prompts[:2], warm, eos
+            )
+            sampler = engine_sampler(engine, settings("sglang"), eos, args.max_in_flight)
+            report(rep, "sglang", timed_pass(sampler, prompts, settings("sglang"), eos))
+    result["sglang_startup_s"] = startups
     result["loadavg_end"] = os.getloadavg()
     result["runs"] = runs
     result["tokens_per_s"] = {g: summary(runs[g]) for g in GENERATORS}
