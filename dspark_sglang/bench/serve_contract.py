@@ -200,9 +200,13 @@ def run_load(
         streamed = 0
         while time.monotonic() < deadline:
             stream = rng.random() < spec.stream_fraction
+            if spec.stream_fraction > 0 and every > 0 and cid % every == 0 and streamed == 0:
+                # These clients open with a streamed request: however slow the server, a
+                # run of any length that streams at all has clients that hang up.
+                stream = True
             # Deterministically every (1/fraction)-th streamed request, staggered by client
             # (client c's first is one when c is a multiple of 1/fraction), so the share
-            # holds overall and even a short run has clients that hang up.
+            # holds overall.
             disconnect = stream and every > 0 and (streamed + cid) % every == 0
             streamed += stream
             o = Outcome(
