@@ -30,6 +30,7 @@ Timings on shared dev machines are noisy: the JSON records the load average.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -203,20 +204,10 @@ def bench_drafter(repeats: int, vocab: int) -> list[dict[str, Any]]:
     """Parallel drafter pass vs the sequential Markov sampling loop (milliseconds)."""
     from torch import nn
 
-    from dspark_sglang.model import DSparkConfig, DSparkDrafter, TargetSpec, sample_block
+    from dspark_sglang.model import DSparkConfig, DSparkDrafter, sample_block
+    from dspark_sglang.targets.smollm2 import SMOLLM2_GEOMETRY
 
-    spec = TargetSpec(  # SmolLM2-135M geometry
-        name="smollm2-135m-geometry",
-        vocab_size=vocab,
-        hidden_size=576,
-        num_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=8192,
-    )
+    spec = dataclasses.replace(SMOLLM2_GEOMETRY, vocab_size=vocab)
     # The reference drafter has no KV cache: every call re-projects all context rows
     # (fc + per-layer K/V). A serving engine projects only the rows a round adds, so
     # pass about that many; a long prefix would inflate the parallel pass instead.
