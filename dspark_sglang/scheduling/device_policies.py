@@ -305,41 +305,29 @@ class DeviceLaggedBudgetScheduler(SchedulingPolicy):
         return _lengths(request, (rank < drafts).to(_I64), n)
 
 
-class DeviceStaticK(SchedulingPolicy):
+class DeviceStaticK(StaticK):
     """``min(k, B)`` drafts for every request (``StaticK``); ``k = 1`` is MTP-1."""
 
     def __init__(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"DeviceStaticK needs an int k >= 0 draft tokens, got {k!r}")
-        self.k = k
-
-    @property
-    def name(self) -> str:
-        return "mtp1" if self.k == 1 else f"static(k={self.k})"
+        super().__init__(k)
 
     def decide(self, confidence: torch.Tensor) -> torch.Tensor:
         n, b = _shape(confidence)
         return torch.full((n,), min(self.k, b), dtype=_I64, device=confidence.device)
 
 
-class DeviceVerifyAll(SchedulingPolicy):
+class DeviceVerifyAll(VerifyAll):
     """Every draft (``B``) of every request (``VerifyAll``)."""
-
-    @property
-    def name(self) -> str:
-        return "verify_all"
 
     def decide(self, confidence: torch.Tensor) -> torch.Tensor:
         n, b = _shape(confidence)
         return torch.full((n,), b, dtype=_I64, device=confidence.device)
 
 
-class DeviceNoSpeculation(SchedulingPolicy):
+class DeviceNoSpeculation(NoSpeculation):
     """No draft (``NoSpeculation``)."""
-
-    @property
-    def name(self) -> str:
-        return "none"
 
     def decide(self, confidence: torch.Tensor) -> torch.Tensor:
         n, _ = _shape(confidence)
