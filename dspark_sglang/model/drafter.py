@@ -39,7 +39,7 @@ from dspark_sglang.model.heads import (
     build_markov_head,
 )
 from dspark_sglang.model.moe import DenseFFN, ExpertBank, MoEFFN
-from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, DraftVocab, scatter_to_vocab
+from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, DraftVocab, MappedRows, scatter_to_vocab
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class DSparkDrafter(nn.Module):
             self.register_buffer(
                 DRAFT_VOCAB_BUFFER, torch.arange(config.draft_vocab_size, dtype=torch.int64)
             )
-        self._lm_head_rows: tuple[tuple[object, ...], torch.Tensor] | None = None
+        self._lm_head_rows = MappedRows()
         self.reset_parameters()
 
     # ------------------------------------------------------------------ plumbing
@@ -191,7 +191,7 @@ class DSparkDrafter(nn.Module):
             )
         buf = getattr(self, DRAFT_VOCAB_BUFFER)
         buf.copy_(vocab.ids.to(buf.device))
-        self._lm_head_rows = None
+        self._lm_head_rows.clear()
 
     def to_target_vocab(self, draft_index: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (identity without a token map)."""
@@ -252,10 +252,7 @@ class DSparkDrafter(nn.Module):
             return head(hidden.to(head.weight.dtype)).float()
         weight = head.weight
         ids = getattr(self, DRAFT_VOCAB_BUFFER)
-        key = (weight.data_ptr(), weight.device, weight.dtype, weight._version, ids._version)
-        if self._lm_head_rows is None or self._lm_head_rows[0] != key:
-            self._lm_head_rows = (key, weight.detach()[ids.to(weight.device)])
-        rows = self._lm_head_rows[1]
+        rows = self._lm_head_rows.get(weight, ids)
         bias = None if head.bias is None else head.bias.detach()[ids.to(weight.device)]
         return torch.nn.functional.linear(hidden.to(rows.dtype), rows, bias).float()
 

@@ -106,6 +106,27 @@ class DraftVocab:
         return out.to(device) if device is not None else out
 
 
+class MappedRows:
+    """The rows ``ids`` of a frozen weight (an LM head), gathered once and reused.
+
+    The gather is redone when the weight's storage, device, dtype or version, or the
+    map's version, changes, or after ``clear``.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._rows: torch.Tensor | None = None
+
+    def clear(self) -> None:
+        self._key, self._rows = None, None
+
+    def get(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        key = (weight.data_ptr(), weight.device, weight.dtype, weight._version, ids._version)
+        if self._rows is None or self._key != key:
+            self._key, self._rows = key, weight.detach()[ids.to(weight.device)]
+        return self._rows
+
+
 def scatter_to_vocab(values: torch.Tensor, ids: torch.Tensor, vocab_size: int, fill: float):
     """``values`` ``[..., K]`` at columns ``ids`` of a ``[..., V]`` tensor, ``fill`` elsewhere."""
     out = values.new_full((*values.shape[:-1], vocab_size), fill)

@@ -63,7 +63,12 @@ from sglang.srt.models.utils import apply_qk_norm
 from dspark_sglang.model.checkpoint import CheckpointError
 from dspark_sglang.model.config import HF_ARCHITECTURE, DSparkConfig
 from dspark_sglang.model.moe import MoEFFN, route
-from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, check_draft_vocab_ids, scatter_to_vocab
+from dspark_sglang.model.vocab import (
+    DRAFT_VOCAB_BUFFER,
+    MappedRows,
+    check_draft_vocab_ids,
+    scatter_to_vocab,
+)
 from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
 
 logger = logging.getLogger(__name__)
@@ -338,7 +343,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
         if not dspark.enable_confidence_head:
             # SGLang builds a head in non-static ragged modes whatever the flag says.
             self.confidence_head = None
-        self._lm_head_rows: tuple[tuple[object, ...], torch.Tensor] | None = None
+        self._lm_head_rows = MappedRows()
         if dspark.draft_vocab_size is not None:
             self.markov_head = _draft_vocab_head(
                 self.markov_head, dspark.draft_vocab_size, dspark.hidden_size
@@ -370,10 +375,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             full, features = super().compute_base_logits(hidden)
             return full.masked_fill(~self.draft_vocab_mask, OFF_MAP_LOGIT), features
         assert isinstance(weight, torch.Tensor)
-        key = (weight.data_ptr(), weight.device, weight.dtype, weight._version, ids._version)
-        if self._lm_head_rows is None or self._lm_head_rows[0] != key:
-            self._lm_head_rows = (key, weight.detach()[ids])
-        reduced = F.linear(hidden.to(weight.dtype), self._lm_head_rows[1])
+        reduced = F.linear(hidden.to(weight.dtype), self._lm_head_rows.get(weight, ids))
         vocab = self.dspark_config.vocab_size
         return scatter_to_vocab(reduced, ids, vocab, OFF_MAP_LOGIT), hidden
 
@@ -394,7 +396,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             ids.copy_(tensor.to(ids.device))
             self.draft_vocab_mask.zero_()
             self.draft_vocab_mask[ids] = True
-        self._lm_head_rows = None
+        self._lm_head_rows.clear()
 
     def _fused_kv_write_bundle(self, pool: Any) -> None:
         """Never fuse: the fused write is a bf16 kernel tuned for SGLang's dense drafts."""
