@@ -24,7 +24,6 @@ from tiny_dist import tiny_cfg, tiny_trainer
 from tiny_training_target import PAD, TINY_LAYER_IDS, tiny_llama
 from torch.overrides import TorchFunctionMode
 
-from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig
 from dspark_sglang.training.datagen import HIDDEN_DIR, RESPONSES_DIR, cache_hidden_states
 from dspark_sglang.training.dataset import HiddenCache, ResponseSequences, TrainBatch
@@ -61,21 +60,6 @@ def f64_data_dir(tiny_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-def _trainer(cfg: TrainConfig, online: OnlineHiddenStates | None, target: Any) -> Trainer:
-    spec = TargetSpec.from_hf_config(target.config, name="tiny")
-    sequences = ResponseSequences(cfg.data.dir) if online else HiddenCache(cfg.data.dir)
-    return Trainer(
-        cfg,
-        sequences,
-        spec,
-        target.config,
-        target.get_input_embeddings(),
-        target.get_output_embeddings(),
-        mask_token_id=3,
-        online=online,
-    )
-
-
 def _pair(
     data: Path, tmp_path: Path, rounded: bool, kind: str = "dspark"
 ) -> tuple[Trainer, Trainer]:
@@ -87,7 +71,7 @@ def _pair(
     target = tiny_llama().double()
     klass = _RoundedOnline if rounded else OnlineHiddenStates
     online = klass(target, TINY_LAYER_IDS, "cpu")
-    return _trainer(cfg, None, tiny_llama().double()), _trainer(online_cfg, online, target)
+    return tiny_trainer(cfg, tiny_llama().double(), None), tiny_trainer(online_cfg, target, online)
 
 
 def _batches(tr: Trainer, n: int) -> list[TrainBatch]:
@@ -197,12 +181,12 @@ def test_the_trainer_refuses_a_mode_and_source_mismatch(
     target = tiny_llama()
     online = OnlineHiddenStates(target, TINY_LAYER_IDS, "cpu")
     with pytest.raises(ValueError, match=r"data\.hidden_states is 'cache'.*set data\.hidden"):
-        _trainer(cfg, online, target)
+        tiny_trainer(cfg, target, online)
     on = cfg.with_overrides(data={"hidden_states": "online"})
     with pytest.raises(ValueError, match=r"data\.hidden_states is 'online'"):
-        _trainer(on, None, target)
+        tiny_trainer(on, target, None)
     with pytest.raises(ValueError, match=r"target\.layer_ids"):
-        _trainer(on, OnlineHiddenStates(target, (0, 1), "cpu"), target)
+        tiny_trainer(on, target, OnlineHiddenStates(target, (0, 1), "cpu"))
     with pytest.raises(ValueError, match="out of range"):
         OnlineHiddenStates(target, (0, 5), "cpu")
     target.train()

@@ -57,17 +57,24 @@ def tiny_cfg(kind: str, data_dir: Path, out_dir: Path, steps: int, **sections: A
     return TrainConfig.from_dict(raw)
 
 
-def tiny_trainer(cfg: TrainConfig) -> Trainer:
-    """A trainer on the tiny target: on its hidden cache, or with ``data.hidden_states:
-    online`` on its responses with the target (on ``cpu``) computing the states."""
-    target = tiny_llama()
+#: ``tiny_trainer``'s default for ``online``: decided by ``data.hidden_states``.
+FROM_CONFIG: Any = object()
+
+
+def tiny_trainer(
+    cfg: TrainConfig, target: Any = None, online: OnlineHiddenStates | None = FROM_CONFIG
+) -> Trainer:
+    """A trainer on the tiny target (``target``, default ``tiny_llama()``): on its hidden
+    cache, or on its responses with ``online`` computing the states. By default ``online``
+    follows ``data.hidden_states`` (the target on ``cpu``); passed explicitly, it alone
+    decides the source, so a test can hand the trainer a mismatched pair."""
+    target = tiny_llama() if target is None else target
     spec = TargetSpec.from_hf_config(target.config, name="tiny")
-    online = None
-    if cfg.data.hidden_states == "online":
-        sequences: HiddenCache | ResponseSequences = ResponseSequences(cfg.data.dir)
-        online = OnlineHiddenStates(target, TINY_LAYER_IDS, "cpu")
-    else:
-        sequences = HiddenCache(cfg.data.dir)
+    if online is FROM_CONFIG:
+        online = None
+        if cfg.data.hidden_states == "online":
+            online = OnlineHiddenStates(target, TINY_LAYER_IDS, "cpu")
+    sequences = ResponseSequences(cfg.data.dir) if online else HiddenCache(cfg.data.dir)
     return Trainer(
         cfg,
         sequences,
