@@ -49,15 +49,19 @@ def eos_token_ids(data_dir: str | Path) -> list[int]:
     return [int(t) for t in json.loads(manifest.read_text()).get("eos_token_ids", [])]
 
 
-def build_draft_vocab(data_dir: str | Path, vocab_size: int, size: int) -> DraftVocab:
-    """The ``size`` most frequent response tokens of ``data_dir`` plus its EOS ids."""
-    counts = response_token_counts(data_dir, vocab_size)
+def build_draft_vocab(
+    data_dir: str | Path, vocab_size: int, size: int, counts: torch.Tensor | None = None
+) -> DraftVocab:
+    """The ``size`` most frequent response tokens of ``data_dir`` plus its EOS ids
+    (``counts``: ``response_token_counts`` of it, when the caller has them already)."""
+    if counts is None:
+        counts = response_token_counts(data_dir, vocab_size)
     return DraftVocab.from_counts(counts, size, always=eos_token_ids(data_dir))
 
 
-def coverage_report(data_dir: str | Path, vocab: DraftVocab) -> dict[str, object]:
-    """What ``draft_vocab.json`` holds: sizes and the share of response tokens covered."""
-    counts = response_token_counts(data_dir, vocab.vocab_size)
+def coverage_report(counts: torch.Tensor, vocab: DraftVocab) -> dict[str, object]:
+    """What ``draft_vocab.json`` holds: sizes and the share of the response tokens
+    ``counts`` (``response_token_counts``) that the map covers."""
     total = int(counts.sum())
     covered = int(counts[vocab.ids].sum())
     return {

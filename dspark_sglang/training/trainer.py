@@ -86,7 +86,12 @@ from dspark_sglang.training.distributed import (
 )
 from dspark_sglang.training.losses import LossTerms, dspark_loss, loss_denominators
 from dspark_sglang.training.online import OnlineHiddenStates
-from dspark_sglang.training.token_map import REPORT_FILE, build_draft_vocab, coverage_report
+from dspark_sglang.training.token_map import (
+    REPORT_FILE,
+    build_draft_vocab,
+    coverage_report,
+    response_token_counts,
+)
 
 Drafter = DSparkDrafter | ARDrafter
 #: Where a run's sequences come from: the hidden cache, or the responses (online mode).
@@ -645,13 +650,13 @@ class Trainer:
         or ``init_from`` drafter keeps its checkpoint's); rank 0 records the coverage."""
         if not isinstance(drafter, DSparkDrafter) or drafter.config.draft_vocab_size is None:
             return
-        vocab = build_draft_vocab(
-            self.cfg.data.dir, drafter.config.vocab_size, drafter.config.draft_vocab_size
-        )
+        data, config = self.cfg.data.dir, drafter.config
+        counts = response_token_counts(data, config.vocab_size)
+        vocab = build_draft_vocab(data, config.vocab_size, config.draft_vocab_size, counts)
         drafter.set_draft_vocab(vocab)
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            report = coverage_report(self.cfg.data.dir, vocab)
+            report = coverage_report(counts, vocab)
             (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
 
     def train(
