@@ -41,6 +41,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default="smollm2",
         help="target the drafter belongs to: 'smollm2' or an HF model folder (default smollm2)",
     )
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        metavar="K",
+        help="ship the drafter narrowed to the K most frequent response tokens (and EOS) of "
+        "--draft-vocab-data, without retraining: a cheaper draft pass; the coverage of the "
+        "map is printed (drafts outside it are lost)",
+    )
+    p.add_argument(
+        "--draft-vocab-data",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a data-stage folder (dspark-sglang train --stage data) whose regenerated "
+        "responses the token map is counted from",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -48,7 +65,13 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         res = export_drafter(
-            args.source, args.to, dtype=args.dtype, sts=args.sts, target=args.target
+            args.source,
+            args.to,
+            dtype=args.dtype,
+            sts=args.sts,
+            target=args.target,
+            draft_vocab_size=args.draft_vocab_size,
+            draft_vocab_data=args.draft_vocab_data,
         )
     except (ValueError, FileNotFoundError) as exc:  # CheckpointError is a ValueError
         print(f"export-drafter: error: {exc}", file=sys.stderr)
@@ -57,6 +80,12 @@ def _run(args: argparse.Namespace) -> int:
         f"exported {res.kind} drafter {res.source} -> {res.dest} ({res.size_bytes / 2**20:.1f} MiB)"
         + (f"; kept {', '.join(res.kept)}" if res.kept else "")
     )
+    if res.draft_vocab is not None:
+        cov = res.draft_vocab
+        print(
+            f"token map: {cov['draft_vocab_size']} of {cov['vocab_size']} tokens, covering "
+            f"{float(cov['coverage']):.1%} of {cov['response_tokens']} response tokens"
+        )
     return 0
 
 

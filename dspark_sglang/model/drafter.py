@@ -20,7 +20,7 @@ head and confidence head (heads.py) run on ``(h, z)`` afterwards (block_sampler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -192,6 +192,42 @@ class DSparkDrafter(nn.Module):
         buf = getattr(self, DRAFT_VOCAB_BUFFER)
         buf.copy_(vocab.ids.to(buf.device))
         self._lm_head_rows.clear()
+
+    @torch.no_grad()
+    def restricted_to(self, vocab: DraftVocab) -> DSparkDrafter:
+        """A copy of this drafter that drafts over ``vocab`` only (no retraining).
+
+        Its logits are this drafter's logits at the map's tokens: the LM head is the
+        target's restricted to ``vocab.ids`` and the Markov head's output keeps the rows
+        of those tokens, so its draft distribution is this drafter's conditioned on the
+        map (renormalised over it). Verification stays lossless for any draft
+        distribution; what is lost is the drafter's mass outside the map. Everything
+        else (backbone, confidence head, the Markov input table) is shared by value.
+        ``vocab`` must lie inside this drafter's own map when it has one.
+        """
+        if vocab.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"token map over a {vocab.vocab_size}-token vocabulary, but the drafter's "
+                f"target has {self.config.vocab_size}; build the map for this target"
+            )
+        own = self.draft_vocab
+        rows = vocab.ids
+        if own is not None:
+            rows = own.target_to_draft()[vocab.ids]
+            if bool((rows < 0).any()):
+                raise ValueError(
+                    "the token map holds tokens outside this drafter's own map "
+                    f"(draft_vocab_size={own.size}); a drafter can only be narrowed"
+                )
+        config = replace(self.config, draft_vocab_size=vocab.size)
+        out = DSparkDrafter(config, self.embed_tokens, self.lm_head)
+        state = self.state_dict()
+        state[DRAFT_VOCAB_BUFFER] = vocab.ids.clone()
+        for name, t in state.items():
+            if name.endswith("markov_w2.weight"):
+                state[name] = t[rows.to(t.device)].clone()
+        out.load_state_dict(state)
+        return out.to(next(self.parameters()).device)
 
     def to_target_vocab(self, draft_index: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (identity without a token map)."""

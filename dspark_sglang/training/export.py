@@ -5,6 +5,11 @@ refused here, not in SGLang's scheduler), re-saves config and weights at the cho
 dtype and ships a validated STS file beside them as ``sts.json``. It replaces
 only the files an export writes (a stale ``sts.json`` belongs to the old drafter)
 and keeps anything else in the folder, e.g. the README of a shipped drafter.
+
+With a token map (``draft_vocab_size`` and ``draft_vocab_data``, a data-stage folder
+of regenerated responses) the shipped drafter drafts over the ``K`` most frequent
+response tokens only (``DSparkDrafter.restricted_to``): the same weights, a cheaper
+draft pass, the drafter's distribution renormalised over the map.
 """
 
 from __future__ import annotations
@@ -26,10 +31,19 @@ class ExportResult:
     size_bytes: int
     #: Files in ``dest`` the export did not write (and left alone).
     kept: tuple[str, ...]
+    #: ``training.token_map.coverage_report`` of the map the export applied, if any.
+    draft_vocab: dict[str, object] | None = None
 
 
 def export_drafter(
-    source: Path, dest: Path, *, dtype: str, sts: Path | None, target: str
+    source: Path,
+    dest: Path,
+    *,
+    dtype: str,
+    sts: Path | None,
+    target: str,
+    draft_vocab_size: int | None = None,
+    draft_vocab_data: Path | None = None,
 ) -> ExportResult:
     """Export the DSpark/DFlash drafter at ``source`` to ``dest`` (see the module doc).
 
@@ -38,6 +52,11 @@ def export_drafter(
     (``CheckpointError`` included) or ``FileNotFoundError`` naming the flag and
     the fix, before anything is written.
     """
+    if (draft_vocab_size is None) != (draft_vocab_data is None):
+        raise ValueError(
+            "--draft-vocab-size and --draft-vocab-data go together: the size K of the token "
+            "map and the data-stage folder whose responses it is counted from"
+        )
     import shutil
 
     import torch
@@ -70,6 +89,21 @@ def export_drafter(
     drafter = load_drafter(
         ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
     )
+    coverage = None
+    if draft_vocab_size is not None and draft_vocab_data is not None:
+        from dspark_sglang.training.token_map import (
+            build_draft_vocab,
+            coverage_report,
+            response_token_counts,
+        )
+
+        counts = response_token_counts(draft_vocab_data, spec.vocab_size)
+        try:
+            vocab = build_draft_vocab(draft_vocab_data, spec.vocab_size, draft_vocab_size, counts)
+        except ValueError as exc:
+            raise ValueError(f"--draft-vocab-size: {exc}") from exc
+        drafter = drafter.restricted_to(vocab)
+        coverage = coverage_report(counts, vocab)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--to {dest} is a file; give a folder")
     for name in EXPORTED_FILES:
@@ -79,4 +113,4 @@ def export_drafter(
         shutil.copyfile(sts, dest / "sts.json")
     size = sum(dest.joinpath(n).stat().st_size for n in EXPORTED_FILES if (dest / n).is_file())
     kept = tuple(sorted(p.name for p in dest.iterdir() if p.name not in EXPORTED_FILES))
-    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept)
+    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept, coverage)

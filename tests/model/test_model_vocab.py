@@ -111,6 +111,46 @@ def test_sampled_drafts_are_target_ids_in_the_map_with_full_vocab_probs(make_dra
     assert (prop.probs.gather(-1, prop.tokens.unsqueeze(-1)) > 0).all()
 
 
+def _first_slot_probs(drafter: DSparkDrafter, seed: int = 0) -> torch.Tensor:
+    """The drafted distribution ``[n, V]`` of slot 1 (it depends on the anchor only)."""
+    n, ctx = 6, 10
+    g = torch.Generator().manual_seed(seed)
+    block = drafter.forward_block(
+        torch.randn(n, ctx, 3 * 64, generator=g),
+        torch.arange(ctx).expand(n, ctx),
+        torch.ones(n, ctx, dtype=torch.bool),
+        torch.randint(0, 512, (n,), generator=g),
+        torch.full((n,), ctx),
+    )
+    anchor = torch.randint(0, 512, (n,), generator=g)
+    return sample_block(drafter, block, anchor, generator=g).probs[:, 0]
+
+
+def test_a_restricted_drafter_drafts_the_full_distribution_conditioned_on_the_map(
+    make_drafter,
+) -> None:
+    full = make_drafter(seed=3)
+    vocab = DraftVocab(torch.arange(100, 100 + K), 512)
+    narrow = full.restricted_to(vocab)
+    assert narrow.config.draft_vocab_size == K and full.config.draft_vocab_size is None
+    assert narrow.markov_head.markov_w2.out_features == K
+    want = _first_slot_probs(full)[:, vocab.ids]
+    want = want / want.sum(-1, keepdim=True)
+    got = _first_slot_probs(narrow)
+    torch.testing.assert_close(got[:, vocab.ids], want)
+    assert got.sum(-1).sub(1).abs().max() < 1e-5
+    # Narrowing a reduced drafter composes: the same as narrowing the full one directly.
+    sub = DraftVocab(vocab.ids[::2].clone(), 512)
+    twice, once = narrow.restricted_to(sub).state_dict(), full.restricted_to(sub).state_dict()
+    assert twice.keys() == once.keys()
+    for name, t in once.items():
+        torch.testing.assert_close(twice[name], t, rtol=0, atol=0, msg=name)
+    with pytest.raises(ValueError, match="can only be narrowed"):
+        narrow.restricted_to(DraftVocab(torch.arange(K), 512))
+    with pytest.raises(ValueError, match="build the map for this target"):
+        full.restricted_to(DraftVocab(torch.arange(K), 1024))
+
+
 def test_chain_verification_with_a_reduced_drafter_emits_the_target_distribution(
     make_config: Callable[..., DSparkConfig],
 ) -> None:

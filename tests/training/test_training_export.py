@@ -91,3 +91,34 @@ def test_export_refuses_mismatched_sts_and_missing_target(
     rc = main([*base, "--target", str(tmp_path / "nope")])
     assert rc == 2 and "--target" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_export_narrows_the_drafter_to_a_token_map_of_the_data(
+    tiny_run: Path,
+    tiny_data_dir: Path,
+    target_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dspark_sglang.training.token_map import build_draft_vocab
+
+    out = tmp_path / "shipped"
+    base = ["export-drafter", "--from", str(tiny_run), "--to", str(out), "--target"]
+    base += [str(target_dir), "--dtype", "float32", "--draft-vocab-size", "16"]
+    rc = main(base)
+    assert rc == 2 and "go together" in capsys.readouterr().err
+    assert not out.exists()
+    rc = main([*base, "--draft-vocab-data", str(tiny_data_dir)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "token map: 16 of" in printed.out
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir))
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    shipped = load_drafter(out, spec, emb, head)
+    latest = load_drafter(tiny_run / "checkpoints" / "step-000002" / "drafter", spec, emb, head)
+    vocab = build_draft_vocab(tiny_data_dir, spec.vocab_size, 16)
+    assert shipped.config.draft_vocab_size == 16
+    assert torch.equal(shipped.draft_vocab.ids, vocab.ids)
+    w2 = "markov_head.markov_w2.weight"
+    assert torch.equal(shipped.state_dict()[w2], latest.state_dict()[w2][vocab.ids])
