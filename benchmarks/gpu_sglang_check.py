@@ -12,9 +12,9 @@ bf16 by default) twice, once without speculation and once with
 * prints tokens/s plain vs DSpark, the speed-up, and SGLang's accepted length
   (tokens per verify round, bonus token included, as SGLang's
   ``spec_accept_length``) plus accepted drafts per round,
-* writes everything to ``--out`` (default: ``gpu_check.json`` in a fresh run folder,
-  ``<cache>/runs/bench/gpu_check-<UTC time>/``; ``scripts/gpu_check.sh`` names
-  ``benchmarks/results/gpu_check.json``).
+* writes everything to ``--out`` (default: ``gpu_sglang_check.json`` in a fresh run folder,
+  ``<cache>/runs/bench/gpu_sglang_check-<UTC time>/``; ``scripts/gpu_sglang_check.sh`` names
+  ``benchmarks/results/gpu_sglang_check.json``).
 
 Exit status: 0 when all outputs matched, 1 when any differed (the table and
 JSON name the first differing position per prompt), 2 on bad arguments.
@@ -32,8 +32,8 @@ can flip. A mismatch under bf16 that disappears with ``--dtype float32`` is
 numerics, not a speculation bug; the JSON records which it was run with.
 
 ``--tp N`` sets the *target's* ``tp_size`` (the drafter runs unsharded beside
-it); it needs N GPUs. Usage: ``scripts/gpu_check.sh`` (environment and the
-no-GPU skip) or ``python benchmarks/gpu_check.py --help``.
+it); it needs N GPUs. Usage: ``scripts/gpu_sglang_check.sh`` (environment and the
+no-GPU skip) or ``python benchmarks/gpu_sglang_check.py --help``.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="gpu_check.py",
+        prog="gpu_sglang_check.py",
         description="SGLang engine on a GPU (CUDA graphs): plain decoding vs DSPARK_MOE, "
         "greedy outputs must match; prints tokens/s, speed-up and accepted length.",
     )
@@ -142,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=d.out,
-        help="result JSON path (default: gpu_check.json in a fresh run folder, "
-        "<cache>/runs/bench/gpu_check-<UTC time>/)",
+        help="result JSON path (default: gpu_sglang_check.json in a fresh run folder, "
+        "<cache>/runs/bench/gpu_sglang_check-<UTC time>/)",
     )
     return p
 
@@ -332,7 +332,7 @@ def result_json(
     settings["out"] = str(args.out)
     settings["batch_sizes"] = list(args.batch_sizes)
     return {
-        "benchmark": "gpu_check",
+        "benchmark": "gpu_sglang_check",
         "settings": settings,
         "model_path": model_path,
         "environment": dict(env or {}),
@@ -429,7 +429,7 @@ def run_mode(
             wall = time.perf_counter() - t0
             runs[bs] = BatchRun.from_outputs(mode, wall, list(outputs))
             print(
-                f"[gpu_check] {mode:6s} bs={bs:<3d} {runs[bs].tokens_per_s:9.1f} tok/s",
+                f"[gpu_sglang_check] {mode:6s} bs={bs:<3d} {runs[bs].tokens_per_s:9.1f} tok/s",
                 file=sys.stderr,
             )
     return runs
@@ -455,18 +455,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("[gpu_check] no CUDA device visible: skipped (this check needs a GPU)")
+        print("[gpu_sglang_check] no CUDA device visible: skipped (this check needs a GPU)")
         return 0
     if args.tp > torch.cuda.device_count():
         print(
-            f"[gpu_check] --tp {args.tp} needs {args.tp} GPUs, {torch.cuda.device_count()} visible",
+            f"[gpu_sglang_check] --tp {args.tp} needs {args.tp} GPUs, "
+            f"{torch.cuda.device_count()} visible",
             file=sys.stderr,
         )
         return 2
     if args.out is None:
         from dspark_sglang.results import default_out
 
-        args = replace(args, out=default_out("gpu_check", "gpu_check.json"))
+        args = replace(args, out=default_out("gpu_sglang_check", "gpu_sglang_check.json"))
     drafter = resolve_drafter(args.drafter)
     model_path = resolve_model(args.model)
     prompts = load_prompt_ids(model_path, args.num_prompts)
@@ -478,10 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     write_json(args.out, doc)
     print(format_table(rows))
-    print(f"[gpu_check] wrote {args.out}")
+    print(f"[gpu_sglang_check] wrote {args.out}")
     if not doc["all_identical"]:
         print(
-            "[gpu_check] FAIL: DSpark's greedy output differs from plain decoding "
+            "[gpu_sglang_check] FAIL: DSpark's greedy output differs from plain decoding "
             "(first differing positions are in the JSON; retry with --dtype float32 "
             "to separate bf16 near-ties from a speculation bug)",
             file=sys.stderr,
