@@ -30,11 +30,11 @@ row of the table and of the JSON (``status`` pass, fail or error):
    same uniforms (``chain_verify(uniforms=...)``) give the same accept lengths and
    accepted tokens (the final token is drawn from each device's own generator, so
    only its validity is compared: it is never the padding token).
-4. ``train_step``: one drafter training step at the paper's scale (``--anchors`` 512
-   anchors, a 151936-token vocabulary, SmolLM2's width, the committed recipe
+4. ``train_step``: one drafter training step at the paper's scale (512 anchors, a
+   151936-token vocabulary, SmolLM2's width, the committed recipe
    ``configs/dspark_smollm2.yaml``'s drafter, random weights): ``trainer.batch_loss``
    under bf16 autocast (on CUDA), ``backward``, gradient clipping and an AdamW step.
-   Reports the median step time of ``--steps`` timed steps after two warm-ups and
+   Reports the median step time of 5 timed steps after two warm-ups and
    ``torch.cuda.max_memory_allocated``; pass: finite loss and gradients.
 
 ``--device cpu --small`` runs all four at small sizes on the CPU (the CPU test). Exit
