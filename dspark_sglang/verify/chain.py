@@ -60,6 +60,17 @@ def _check_lengths(verify_lens: torch.Tensor, n: int, b: int) -> torch.Tensor:
     return lens
 
 
+def _check_uniforms(uniforms: torch.Tensor, n: int, b: int) -> torch.Tensor:
+    if uniforms.shape != (n, b) or not uniforms.is_floating_point():
+        raise ValueError(
+            f"uniforms must be a floating [N, B]=[{n}, {b}] tensor of U[0, 1) draws, got "
+            f"{uniforms.dtype} {tuple(uniforms.shape)}"
+        )
+    if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+        raise ValueError("uniforms must lie in [0, 1) (one U[0, 1) draw per draft)")
+    return uniforms
+
+
 def _emit(
     draft_tokens: torch.Tensor, accept_lens: torch.Tensor, last_token: torch.Tensor
 ) -> VerifyResult:
@@ -81,6 +92,8 @@ def chain_verify(
     target_probs: torch.Tensor,
     verify_lens: torch.Tensor,
     generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Chain speculative sampling with a ragged verify length per request.
 
@@ -96,6 +109,11 @@ def chain_verify(
     bonus token is drawn from ``p_t[l]``. A residual with zero mass means
     ``p_t <= p_d`` everywhere, hence ``p_t == p_d`` and rejection had probability 0;
     it can only be reached through float rounding, and then ``p_t`` itself is used.
+
+    ``uniforms`` ``[N, B]`` in ``[0, 1)``, when given, are the ``u_k`` (instead of
+    ``B`` draws from ``generator``, which still draws the final token): the same
+    uniforms give the same accept lengths on any device, which is how a GPU run is
+    compared with the CPU one.
 
     Invariant: for every request the emitted tokens, continued by plain target
     sampling, are distributed exactly as the target's own samples, for *any* choice
@@ -123,7 +141,10 @@ def chain_verify(
     idx = drafts.unsqueeze(-1)
     p_d = draft_probs.gather(-1, idx).squeeze(-1)  # [N, B]
     p_t = target_probs[:, :b].gather(-1, idx).squeeze(-1)  # [N, B]
-    u = torch.rand((n, b), generator=generator, device=device, dtype=p_d.dtype)
+    if uniforms is None:
+        u = torch.rand((n, b), generator=generator, device=device, dtype=p_d.dtype)
+    else:
+        u = _check_uniforms(uniforms, n, b).to(device=device, dtype=p_d.dtype)
     in_window = torch.arange(b, device=device).unsqueeze(0) < lens.unsqueeze(1)
     accepted = (u * p_d < p_t) & in_window
     accept_lens = accepted.to(torch.int64).cumprod(1).sum(1)

@@ -157,6 +157,31 @@ def test_chain_is_reproducible_with_a_seeded_generator() -> None:
     assert (a.accept_lens <= lens).all()
 
 
+def test_chain_given_uniforms_equal_the_generator_draws() -> None:
+    """``uniforms=u`` is the run whose generator drew ``u``: same accepts, same final token."""
+    n, b, v = 64, 4, 5
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(n, b + 1, v, generator=g)
+    p_t = torch.softmax(logits, -1)
+    p_d = torch.softmax(logits[:, :b] + 0.7 * torch.randn(n, b, v, generator=g), -1)
+    drafts = torch.multinomial(p_d.reshape(-1, v), 1, generator=g).reshape(n, b)
+    lens = torch.randint(0, b + 1, (n,), generator=g)
+    drawn = chain_verify(drafts, p_d, p_t, lens, torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    u = torch.rand((n, b), generator=gen)
+    given = chain_verify(drafts, p_d, p_t, lens, gen, uniforms=u)
+    assert torch.equal(given.accept_lens, drawn.accept_lens)
+    assert torch.equal(given.tokens, drawn.tokens)
+    assert 0 < int(drawn.accept_lens.sum()) < int(lens.sum())  # accepts and rejects both
+    # Uniforms decide acceptance: all-zero accepts every draft with p_t > 0.
+    zeros = chain_verify(drafts, p_d, p_t, lens, uniforms=torch.zeros(n, b))
+    assert torch.equal(zeros.accept_lens, lens)
+    with pytest.raises(ValueError, match=r"uniforms must be a floating \[N, B\]"):
+        chain_verify(drafts, p_d, p_t, lens, uniforms=torch.zeros(n, b + 1))
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
+        chain_verify(drafts, p_d, p_t, lens, uniforms=torch.ones(n, b))
+
+
 # --------------------------------------------------------------------------- chain, statistics
 
 

@@ -1,4 +1,6 @@
-"""The GPU check's CPU-testable parts (``benchmarks/gpu_check.py``, ``scripts/gpu_check.sh``).
+"""The SGLang GPU check's CPU-testable parts.
+
+Driver ``benchmarks/gpu_sglang_check.py``, script ``scripts/gpu_sglang_check.sh``.
 
 The GPU run itself needs CUDA and is not exercised here. Covered: argument
 parsing and validation, drafter resolution against a real ``save_drafter``
@@ -28,10 +30,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _load() -> ModuleType:
     """``benchmarks/`` is not a package: import the driver by path."""
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sglang_check", REPO / "benchmarks" / "gpu_sglang_check.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules["gpu_sglang_check"] = module  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -199,7 +203,7 @@ def test_compare_accounts_speed_acceptance_and_equality() -> None:
 
 
 def test_table_and_json(tmp_path: Path) -> None:
-    args = gc.parse_args(["--batch-sizes", "1,2", "--out", str(tmp_path / "gpu_check.json")])
+    args = gc.parse_args(["--batch-sizes", "1,2", "--out", str(tmp_path / "gpu_sglang_check.json")])
     rows = [
         gc.compare(
             gc.BatchRun.from_outputs("plain", 1.0, [_out([1, 2])]),
@@ -241,7 +245,7 @@ def test_driver_skips_without_cuda(capsys: pytest.CaptureFixture[str], tmp_path:
 def test_script_skips_without_gpu(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "never.json")}
     proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "gpu_check.sh")],
+        ["bash", str(REPO / "scripts" / "gpu_sglang_check.sh")],
         env=env,
         capture_output=True,
         text=True,
