@@ -325,10 +325,10 @@ def batch_loss(
     """Total training loss of one batch (DSpark loss + weighted MoE aux loss) and its parts.
 
     ``drafter`` is a drafter, its ``DraftStep`` (possibly FSDP-sharded) or the DDP-wrapped
-    ``DraftStep``. With
-    ``ctx`` of several processes, ``batch`` is this process's share of a global batch and
-    the result is this share of the global loss (the denominators are all-reduced): the
-    shares of all processes sum to the loss one process computes on the whole batch.
+    ``DraftStep``. With ``ctx`` of several processes, ``batch`` is this process's share of
+    a global batch and the result is this share of the global loss (the denominators are
+    all-reduced): the shares of all processes sum to the loss one process computes on the
+    whole batch.
     """
     step = drafter if isinstance(drafter, DraftStep) else getattr(drafter, "module", None)
     if not isinstance(step, DraftStep):
@@ -368,9 +368,9 @@ def batch_loss(
 def backward(loss: torch.Tensor, ctx: DistContext | None = None) -> None:
     """Gradients of the global loss from this process's share of it.
 
-    DDP and FSDP average gradients over the ranks; each ``batch_loss`` is a share of the global
-    mean (the shares sum to it), so each rank back-propagates ``world_size`` times its
-    share and the average is the gradient of the sum.
+    DDP and FSDP average gradients over the ranks; each ``batch_loss`` is a share of the
+    global mean (the shares sum to it), so each rank back-propagates ``world_size`` times
+    its share and the average is the gradient of the sum.
     """
     (loss * ctx.world_size if ctx is not None and ctx.enabled else loss).backward()
 

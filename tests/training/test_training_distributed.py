@@ -5,10 +5,11 @@ ranks) and the gradients DDP leaves on every rank (or FSDP's gradient shards, ga
 whole) must match one process computing the whole batch. They differ only by float32
 rounding: each rank pads its share to its own longest sequence and anchor count (other
 matmul shapes), and the loss numerators and gradients are summed in another order (two
-partial sums instead of one). That is a few ulps of the largest terms, so float32 comparisons use ``rtol=1e-5`` and an ``atol`` of
-``1e-6`` times the largest magnitude of the compared tensor. A normalisation bug is far
-outside that: the ranks' valid-slot counts differ, so per-rank means (no denominator
-all-reduce) are off by a relative 1e-2 or more.
+partial sums instead of one). That is a few ulps of the largest terms, so float32
+comparisons use ``rtol=1e-5`` and an ``atol`` of ``1e-6`` times the largest magnitude of
+the compared tensor. A normalisation bug is far outside that: the ranks' valid-slot
+counts differ, so per-rank means (no denominator all-reduce) are off by a relative 1e-2
+or more.
 """
 
 from __future__ import annotations
