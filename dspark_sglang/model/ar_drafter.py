@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -315,13 +316,17 @@ class ARDrafter(nn.Module):
         return torch.stack(drafted, 1), torch.stack(probs_out, 1), torch.stack(logits_out, 1)
 
 
-def save_ar_drafter(drafter: ARDrafter, path: str | Path) -> None:
-    """Trainable weights (not the shared embedding / LM head) + config JSON."""
+def save_ar_drafter(
+    drafter: ARDrafter, path: str | Path, state: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """Trainable weights (not the shared embedding / LM head) + config JSON.
+
+    ``state`` replaces ``drafter.state_dict()`` (e.g. sharded weights gathered whole)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {
         k: v.detach().contiguous()
-        for k, v in drafter.state_dict().items()
+        for k, v in (drafter.state_dict() if state is None else state).items()
         if not k.startswith(("embed_tokens.", "lm_head."))
     }
     save_file(state, str(path / "ar_drafter.safetensors"))

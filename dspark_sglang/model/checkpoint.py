@@ -15,6 +15,7 @@ uses); checkpoints written before it existed load without it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -46,9 +47,16 @@ class CheckpointError(ValueError):
 
 
 def save_drafter(
-    drafter: DSparkDrafter, path: str | Path, *, dtype: torch.dtype | None = None
+    drafter: DSparkDrafter,
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` into folder ``path``; returns it.
+
+    ``state`` replaces ``drafter.state_dict()`` (the same keys, whole tensors): the
+    weights of a drafter whose parameters are sharded over processes, gathered.
 
     ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors at that precision: a
     shipped checkpoint at half the size. Loading casts back to the module's dtype.
@@ -64,7 +72,7 @@ def save_drafter(
         .detach()
         .contiguous()
         .cpu()
-        for k, v in drafter.state_dict().items()
+        for k, v in (drafter.state_dict() if state is None else state).items()
     }
     stored = sorted({_torch_name(v.dtype) for v in state.values() if v.is_floating_point()})
     if len(stored) != 1 or stored[0] not in HF_TORCH_DTYPES:

@@ -47,6 +47,9 @@ TARGET_DTYPES = ("float32", "bfloat16", "float16")
 #: Who regenerates the responses: HF ``generate`` in this process, SGLang's ``Engine`` in
 #: this process, or already-running SGLang servers over their HTTP API.
 GENERATORS = ("hf", "sglang", "openai")
+#: How several training processes (torchrun) share the drafter: ``ddp`` replicates it on
+#: every rank, ``fsdp`` shards its trainable weights, gradients and optimizer state.
+PARALLEL_MODES = ("ddp", "fsdp")
 #: SGLang ``Engine`` arguments the data stage sets itself (from run.device, data.gen_dtype,
 #: the target and data.seed): refused in data.sglang_args.
 RESERVED_SGLANG_ARGS = frozenset(
@@ -455,6 +458,10 @@ class RunConfig:
     # Batches prepared ahead of the training step by a background thread (0: none). The
     # batches and their order do not depend on it.
     prefetch: int = 2
+    # Several processes (torchrun): "ddp" keeps a full drafter, its gradients and AdamW
+    # state on every rank; "fsdp" (FSDP2) shards them over the ranks (a drafter too big to
+    # replicate). Same loss, same checkpoints; one process ignores it.
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, str) or not self.out_dir:
@@ -483,6 +490,11 @@ class RunConfig:
                 f"run.target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}"
             )
         _positive_int("run", "prefetch", self.prefetch, lo=0)
+        if self.parallel not in PARALLEL_MODES:
+            raise ValueError(
+                f"run.parallel must be one of {PARALLEL_MODES} (ddp: a full drafter per "
+                f"process, fsdp: the drafter sharded over the processes), got {self.parallel!r}"
+            )
 
 
 _SECTIONS: dict[str, type] = {

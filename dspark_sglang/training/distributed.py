@@ -17,6 +17,19 @@ trainer on its share of the *same global batch*:
   sums the same way (``trainer.balance_loss``);
 * rank 0 alone writes checkpoints, logs and plots; the others wait at a barrier.
 
+Two ways to hold the drafter (``run.parallel``): ``ddp`` (``wrap_ddp``) keeps a full
+copy, its gradients and its AdamW state on every rank and all-reduces the gradients;
+``fsdp`` (``wrap_fsdp``, torch's FSDP2) shards every trainable parameter over the ranks
+(dim 0), gathers a block's weights just before it runs and reduce-scatters its gradients,
+so each rank holds ``1/world_size`` of the weights, gradients and optimizer state. Both
+average the gradients over the ranks, so the loss scaling above is the same. FSDP's
+parameters are DTensors: the optimizer must be built *after* ``wrap_fsdp`` (it replaces
+the module's parameters), and checkpoints go through ``full_state`` /
+``full_optimizer_state`` (gathered on every rank, written by rank 0 in the one-process
+format) and back through ``shard_optimizer_state``, so a checkpoint resumes at any world
+size under either mode. Frozen parameters (the target's embedding and LM head an EAGLE3
+drafter registers) are left out of the shards and stay whole on every rank.
+
 Backends: ``gloo`` on CPU, ``nccl`` on CUDA. ``init_distributed`` is a no-op (one
 process, rank 0) when ``WORLD_SIZE`` is unset or 1.
 """
@@ -25,8 +38,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -231,3 +245,79 @@ def wrap_ddp(module: nn.Module, ctx: DistContext) -> nn.Module:
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         static_graph=True,
     )
+
+
+def wrap_fsdp(module: nn.Module, ctx: DistContext, blocks: Iterable[nn.Module] = ()) -> nn.Module:
+    """``module`` sharded with FSDP2 over all ranks (itself, untouched, with one process).
+
+    Each of ``blocks`` (modules whose own ``forward`` runs, e.g. decoder layers) becomes
+    its own shard group, gathered only while it runs; ``module`` (whose ``forward`` is the
+    whole step) holds the rest. Parameters that need no gradient are ignored: they stay
+    ordinary tensors, whole on every rank. Trainable parameters and buffers are first
+    broadcast from rank 0, so every rank shards the same weights (as DDP starts from rank
+    0's). Build the optimizer from the module's parameters *after* this call.
+    """
+    if not ctx.enabled:
+        return module
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():
+        for t in [p for p in module.parameters() if p.requires_grad] + list(module.buffers()):
+            dist.broadcast(t, src=0)
+    frozen = {p for p in module.parameters() if not p.requires_grad}
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for block in blocks:
+        fully_shard(block, mesh=mesh, ignored_params=frozen)
+    fully_shard(module, mesh=mesh, ignored_params=frozen)
+    return module
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor's shards gathered (a collective: every rank calls it in
+    the same order), any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A module's ``state_dict()`` with every sharded tensor gathered whole, on the CPU.
+
+    Collective under FSDP (every rank calls it; the order is the state dict's, the same on
+    every rank); the result is what one process's ``state_dict()`` holds.
+    """
+    return {k: full_tensor(v).detach().cpu() for k, v in state.items()}
+
+
+def full_optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``opt.state_dict()`` with its sharded moments gathered whole, on the CPU: the same
+    parameter indices, groups and shapes as a one-process optimizer's (collective)."""
+    sd = opt.state_dict()
+    state = {
+        i: {k: full_tensor(v).detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+        for i, s in sorted(sd["state"].items())
+    }
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def shard_optimizer_state(opt: torch.optim.Optimizer, full: Mapping[str, Any]) -> dict[str, Any]:
+    """A one-process optimizer state (``full``) cut to this rank's shards of ``opt``'s
+    parameters, for ``opt.load_state_dict``. Every rank holds ``full`` (read from the
+    checkpoint), so each takes its own slice without communication; a tensor of a
+    parameter's full shape is sharded like the parameter, anything else (``step``) kept."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state: dict[int, dict[str, Any]] = {}
+    for i, s in full["state"].items():
+        p = params[int(i)]
+        out = {}
+        for k, v in s.items():
+            if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape:
+                v = distribute_tensor(
+                    v.to(p.device_mesh.device_type), p.device_mesh, p.placements, src_data_rank=None
+                )
+            out[k] = v
+        state[int(i)] = out
+    return {"state": state, "param_groups": full["param_groups"]}

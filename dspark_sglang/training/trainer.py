@@ -25,9 +25,10 @@ Devices and processes: ``run.device`` (cpu, cuda, cuda:N) holds the frozen
 embedding / LM head, the drafter and every tensor of a step; ``run.autocast``
 applies on that device type; a background thread prepares the next
 ``run.prefetch`` batches. Under ``torchrun`` each process trains on its share of
-every global batch under DDP, with the loss and the MoE balancing statistics
-normalised over the global batch (``training/distributed.py``); rank 0 writes
-checkpoints and logs, and a checkpoint resumes at any world size.
+every global batch under DDP or, with ``run.parallel: fsdp``, with the drafter sharded
+over the processes (FSDP2), the loss and the MoE balancing statistics normalised over
+the global batch (``training/distributed.py``); rank 0 writes checkpoints (one format
+for every mode and world size) and logs, and a checkpoint resumes at any world size.
 """
 
 from __future__ import annotations
@@ -79,10 +80,15 @@ from dspark_sglang.training.distributed import (
     DistContext,
     all_reduce_sum,
     barrier,
+    full_optimizer_state,
+    full_state,
+    full_tensor,
     init_distributed,
     resolve_device,
     shard_batch,
+    shard_optimizer_state,
     wrap_ddp,
+    wrap_fsdp,
 )
 from dspark_sglang.training.losses import LossTerms, dspark_loss, loss_denominators
 from dspark_sglang.training.online import OnlineHiddenStates
@@ -150,11 +156,14 @@ def build_drafter(
     return DSparkDrafter(dcfg, embed_tokens, lm_head)
 
 
-def save_any_drafter(drafter: Drafter, path: Path) -> None:
+def save_any_drafter(
+    drafter: Drafter, path: Path, state: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Save either drafter kind; ``state`` (whole tensors) replaces its ``state_dict()``."""
     if isinstance(drafter, ARDrafter):
-        save_ar_drafter(drafter, path)
+        save_ar_drafter(drafter, path, state)
     else:
-        save_drafter(drafter, path)
+        save_drafter(drafter, path, state=state)
 
 
 def load_any_drafter(
@@ -201,12 +210,13 @@ def draft_outputs(drafter: Drafter, batch: TrainBatch) -> DraftOutputs:
 
 
 class DraftStep(nn.Module):
-    """The drafter's whole training forward as one ``forward`` (what DDP wraps).
+    """The drafter's whole training forward as one ``forward`` (what DDP wraps and FSDP
+    shards).
 
-    DDP synchronises gradients of what runs through its ``forward``; the trainer
-    calls several drafter entry points (``forward_anchors``, the heads), so they
-    run here. The MoE routers' logits are captured with forward hooks on their
-    ``gate`` for ``balance_loss``.
+    DDP synchronises gradients of what runs through its ``forward`` (FSDP gathers the
+    weights of what runs there); the trainer calls several drafter entry points
+    (``forward_anchors``, the heads), so they run here. The MoE routers' logits are
+    captured with forward hooks on their ``gate`` for ``balance_loss``.
     """
 
     def __init__(self, drafter: Drafter) -> None:
@@ -231,6 +241,25 @@ class DraftStep(nn.Module):
 
     def router_top_k(self) -> list[int]:
         return [k for _, k in self._gates]
+
+
+def parallel_step(drafter: Drafter, ctx: DistContext, parallel: str) -> nn.Module:
+    """``DraftStep(drafter)`` ready for ``ctx``'s processes: under DDP (``parallel="ddp"``)
+    or sharded with FSDP2 (``"fsdp"``: each DSpark decoder layer is its own shard group,
+    the rest of the drafter the step's). With one process, the step itself.
+
+    The drafter's frozen target modules are not sharded: a DSpark drafter does not
+    register them (no parameters of its own), an EAGLE3 one does and they are ignored as
+    frozen. After ``"fsdp"`` the drafter's parameters are new (DTensor) objects: build the
+    optimizer afterwards.
+    """
+    step = DraftStep(drafter)
+    if parallel == "fsdp":
+        blocks = list(drafter.layers) if isinstance(drafter, DSparkDrafter) else []
+        return wrap_fsdp(step, ctx, blocks)
+    if parallel != "ddp":
+        raise ValueError(f"run.parallel must be 'ddp' or 'fsdp', got {parallel!r}")
+    return wrap_ddp(step, ctx)
 
 
 def balance_loss(
@@ -295,10 +324,11 @@ def batch_loss(
 ) -> tuple[torch.Tensor, LossTerms]:
     """Total training loss of one batch (DSpark loss + weighted MoE aux loss) and its parts.
 
-    ``drafter`` is a drafter, its ``DraftStep`` or the DDP-wrapped ``DraftStep``. With
-    ``ctx`` of several processes, ``batch`` is this process's share of a global batch and
-    the result is this share of the global loss (the denominators are all-reduced): the
-    shares of all processes sum to the loss one process computes on the whole batch.
+    ``drafter`` is a drafter, its ``DraftStep`` (possibly FSDP-sharded) or the DDP-wrapped
+    ``DraftStep``. With ``ctx`` of several processes, ``batch`` is this process's share of
+    a global batch and the result is this share of the global loss (the denominators are
+    all-reduced): the shares of all processes sum to the loss one process computes on the
+    whole batch.
     """
     step = drafter if isinstance(drafter, DraftStep) else getattr(drafter, "module", None)
     if not isinstance(step, DraftStep):
@@ -338,9 +368,9 @@ def batch_loss(
 def backward(loss: torch.Tensor, ctx: DistContext | None = None) -> None:
     """Gradients of the global loss from this process's share of it.
 
-    DDP averages gradients over the ranks; each ``batch_loss`` is a share of the global
-    mean (the shares sum to it), so each rank back-propagates ``world_size`` times its
-    share and the average is the gradient of the sum.
+    DDP and FSDP average gradients over the ranks; each ``batch_loss`` is a share of the
+    global mean (the shares sum to it), so each rank back-propagates ``world_size`` times
+    its share and the average is the gradient of the sum.
     """
     (loss * ctx.world_size if ctx is not None and ctx.enabled else loss).backward()
 
@@ -581,7 +611,8 @@ class Trainer:
     def _make_optimizer(self, drafter: Drafter) -> tuple[torch.optim.Optimizer, Any]:
         """AdamW over the *unwrapped* drafter's parameters (the same groups at any world
         size, so optimizer state moves between them): decayed matrices, undecayed
-        vectors, and the Markov head at ``optim.markov_lr_scale`` times the rate."""
+        vectors, and the Markov head at ``optim.markov_lr_scale`` times the rate.
+        Under FSDP, call it after sharding: the groups then hold the sharded parameters."""
         o = self.cfg.optim
         named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
         markov = [p for n, p in named if n.startswith("markov_head.")]
@@ -607,21 +638,27 @@ class Trainer:
         epoch: int,
         batch: int,
         world_size: int = 1,
+        weights: dict[str, torch.Tensor] | None = None,
+        optimizer_state: dict[str, Any] | None = None,
     ) -> Path:
         """Write ``checkpoints/step-NNNNNN`` (call on rank 0 only): the unwrapped drafter,
-        optimizer, schedule, RNG states and the position in the global batch plan."""
+        optimizer, schedule, RNG states and the position in the global batch plan.
+
+        ``weights`` and ``optimizer_state`` (``full_states``: a sharded drafter's, gathered
+        whole) replace the drafter's and optimizer's own state dicts, so the files are the
+        same whichever way the run was split."""
         root = self.out_dir / "checkpoints"
         final = root / f"step-{step:06d}"
         tmp = root / f".tmp-step-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_any_drafter(drafter, tmp / DRAFTER_DIR)
+        save_any_drafter(drafter, tmp / DRAFTER_DIR, weights)
         torch.save(
             {
                 "step": step,
                 "epoch": epoch,
                 "batch": batch,
-                "optimizer": opt.state_dict(),
+                "optimizer": opt.state_dict() if optimizer_state is None else optimizer_state,
                 "scheduler": sched.state_dict(),
                 "rng": _rng_state(self.device),
                 "config": self.cfg.to_dict(),
@@ -636,14 +673,33 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def _restore(self, ckpt: Path) -> tuple[Drafter, torch.optim.Optimizer, Any, dict[str, Any]]:
-        """A checkpoint's drafter, a fresh optimizer + schedule for it, and its train state."""
+    def _restore(self, ckpt: Path) -> tuple[Drafter, dict[str, Any]]:
+        """A checkpoint's (whole) drafter on this device and its train state."""
         state = torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
         drafter = load_any_drafter(
             ckpt / DRAFTER_DIR, self.cfg.drafter.kind, self.spec, self.embed_tokens, self.lm_head
         ).to(self.device)
-        opt, sched = self._make_optimizer(drafter)
-        return drafter, opt, sched, state
+        return drafter, state
+
+    def _load_optimizer(
+        self, opt: torch.optim.Optimizer, full: dict[str, Any], ctx: DistContext
+    ) -> None:
+        """A checkpoint's (one-process format) optimizer state into ``opt``, cut to this
+        rank's shards when the drafter is sharded."""
+        sharded = ctx.enabled and self.cfg.run.parallel == "fsdp"
+        opt.load_state_dict(shard_optimizer_state(opt, full) if sharded else full)
+
+    def full_states(
+        self, drafter: Drafter, opt: torch.optim.Optimizer, ctx: DistContext
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+        """The drafter's weights and the optimizer state gathered whole when FSDP shards
+        them (a collective: every rank calls it), else ``(None, None)`` (their own state
+        dicts are already whole). The frozen target modules are left out."""
+        if not (ctx.enabled and self.cfg.run.parallel == "fsdp"):
+            return None, None
+        frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
+        weights = {k: v for k, v in drafter.state_dict().items() if k not in frozen}
+        return full_state(weights), full_optimizer_state(opt)
 
     def _install_draft_vocab(self, drafter: Drafter, main: bool) -> None:
         """A fresh reduced drafter gets its token map from this run's responses (a resumed
@@ -691,17 +747,29 @@ class Trainer:
             )
         init = init_checkpoint(cfg) if ckpt is None and cfg.run.init_from else None
         history: list[dict[str, Any]] = []
+        source = ckpt if ckpt is not None else init
+        state: dict[str, Any] = {}
+        if source is not None:
+            drafter, state = self._restore(source)
+        else:
+            drafter = build_drafter(
+                cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
+            ).to(self.device)
+            self._install_draft_vocab(drafter, main)
+        drafter.train()
+        # DDP over the whole forward, or the drafter sharded (FSDP); either way the
+        # optimizer is built afterwards from the unwrapped drafter's (then sharded) params.
+        model = parallel_step(drafter, ctx, cfg.run.parallel)
+        opt, sched = self._make_optimizer(drafter)
         if ckpt is not None:
-            drafter, opt, sched, state = self._restore(ckpt)
-            opt.load_state_dict(state["optimizer"])
+            self._load_optimizer(opt, state["optimizer"], ctx)
             sched.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"], self.device)
             step, epoch, batch = int(state["step"]), int(state["epoch"]), int(state["batch"])
         elif init is not None:
-            drafter, opt, sched, state = self._restore(init)
             # Only the AdamW moments carry over; lr, betas and weight decay are this config's.
             own = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-            opt.load_state_dict(state["optimizer"])
+            self._load_optimizer(opt, state["optimizer"], ctx)
             for group, mine in zip(opt.param_groups, own, strict=True):
                 group.update(mine)
             step = int(state["step"])
@@ -722,11 +790,6 @@ class Trainer:
             epoch, batch = int(state["epoch"]) + 1, 0
             history = [r for r in _read_log(init.parent.parent / "log.jsonl") if r["step"] <= step]
         else:
-            drafter = build_drafter(
-                cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
-            ).to(self.device)
-            self._install_draft_vocab(drafter, main)
-            opt, sched = self._make_optimizer(drafter)
             torch.manual_seed(cfg.run.seed)
             step, epoch, batch = 0, 0, 0
         log_path = self.out_dir / "log.jsonl"
@@ -737,9 +800,6 @@ class Trainer:
             log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
             (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
-        drafter.train()
-        # DDP over the whole forward; the optimizer keeps the unwrapped drafter's groups.
-        model = wrap_ddp(DraftStep(drafter), ctx)
         trainable = [p for p in drafter.parameters() if p.requires_grad]
         bar = tqdm(
             total=cfg.optim.max_steps,
@@ -765,7 +825,9 @@ class Trainer:
                 loss, terms = batch_loss(model, self.lm_head, tb, cfg, ctx)
                 opt.zero_grad(set_to_none=True)
                 backward(loss, ctx)
-                gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip))
+                # Over the global gradient: FSDP's sharded gradients give a DTensor norm.
+                gnorm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip)
+                gnorm = float(full_tensor(gnorm))
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
                 sched.step()
@@ -792,9 +854,18 @@ class Trainer:
                 bar.set_postfix(loss=f"{total:.3f}", acc0=f"{accept[0]:.2f}")
                 if step % cfg.run.checkpoint_every == 0 or step == end:
                     root = self.out_dir / "checkpoints"
+                    weights, opt_state = self.full_states(drafter, opt, ctx)
                     if main:
                         last_ckpt = self.save_checkpoint(
-                            drafter, opt, sched, step, epoch, b + 1, ctx.world_size
+                            drafter,
+                            opt,
+                            sched,
+                            step,
+                            epoch,
+                            b + 1,
+                            ctx.world_size,
+                            weights=weights,
+                            optimizer_state=opt_state,
                         )
                         plot_curves(history, self.out_dir / "loss_curves.png", cfg.name)
                     else:
@@ -825,7 +896,7 @@ class Trainer:
             summary["world_size"] = ctx.world_size
             (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         barrier(ctx)
-        self.drafter = drafter
+        self.drafter = drafter  # under FSDP with several processes: this rank's shards
         return result
 
 

@@ -1,14 +1,15 @@
 """Several processes (gloo on 127.0.0.1) train exactly like one on the same global batch.
 
 Two ranks each take their share of one global batch; the loss they report (summed over
-ranks) and the gradients DDP leaves on every rank must match one process computing the
-whole batch. They differ only by float32 rounding: each rank pads its share to its own
-longest sequence and anchor count (other matmul shapes), and the loss numerators and
-gradients are summed in another order (two partial sums instead of one). That is a few
-ulps of the largest terms, so float32 comparisons use ``rtol=1e-5`` and an ``atol`` of
-``1e-6`` times the largest magnitude of the compared tensor. A normalisation bug is far
-outside that: the ranks' valid-slot counts differ, so per-rank means (no denominator
-all-reduce) are off by a relative 1e-2 or more.
+ranks) and the gradients DDP leaves on every rank (or FSDP's gradient shards, gathered
+whole) must match one process computing the whole batch. They differ only by float32
+rounding: each rank pads its share to its own longest sequence and anchor count (other
+matmul shapes), and the loss numerators and gradients are summed in another order (two
+partial sums instead of one). That is a few ulps of the largest terms, so float32
+comparisons use ``rtol=1e-5`` and an ``atol`` of ``1e-6`` times the largest magnitude of
+the compared tensor. A normalisation bug is far outside that: the ranks' valid-slot
+counts differ, so per-rank means (no denominator all-reduce) are off by a relative 1e-2
+or more.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import yaml
 from tiny_dist import cli_task, grads_task, run_ranks, tiny_cfg, tiny_trainer, train_task
 
+from dspark_sglang.training.config import TrainConfig
 from dspark_sglang.training.distributed import (
     DistContext,
     init_distributed,
@@ -42,8 +44,6 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _one_process(cfg_raw: dict, global_batch: int) -> tuple[float, dict[str, torch.Tensor]]:
-    from dspark_sglang.training.config import TrainConfig
-
     cfg = TrainConfig.from_dict(cfg_raw)
     tr = tiny_trainer(cfg)
     drafter = build_drafter(cfg, tr.spec, tr.hf_config, tr.embed_tokens, tr.lm_head, 3)
@@ -65,8 +65,6 @@ def _one_process(cfg_raw: dict, global_batch: int) -> tuple[float, dict[str, tor
 def _pick_batch(cfg_raw: dict, min_seqs: int) -> int:
     """The first global batch of epoch 0 with at least ``min_seqs`` sequences (exactly one
     when ``min_seqs`` is 1)."""
-    from dspark_sglang.training.config import TrainConfig
-
     cfg = TrainConfig.from_dict(cfg_raw)
     batches, _ = epoch_plan(tiny_trainer(cfg).cache, cfg, 0)
     for b, idx in enumerate(batches):
@@ -87,6 +85,15 @@ CASES = {
     "one_sequence": ("dspark", {"anchors": {"max_anchors_per_batch": 8}}, 1),
     # No cache: each rank runs the target on its own share of the global batch.
     "online": ("dspark", {"data": {"hidden_states": "online"}}, 3),
+    # The drafter sharded over the two ranks (FSDP2): the same loss and gradients.
+    "fsdp_dspark": ("dspark", {"optim": {"aux_loss_weight": 1.0}, "run": {"parallel": "fsdp"}}, 3),
+    # EAGLE3 registers the frozen embedding / LM head: they must stay whole and frozen.
+    "fsdp_eagle3": ("eagle3", {"run": {"parallel": "fsdp"}}, 3),
+    "fsdp_one_sequence": (
+        "dspark",
+        {"anchors": {"max_anchors_per_batch": 8}, "run": {"parallel": "fsdp"}},
+        1,
+    ),
 }
 
 
@@ -118,9 +125,14 @@ def test_two_ranks_match_one_rank_on_the_same_global_batch(
         assert r0["loss"] == r1["loss"], name
         assert r0["loss"] == pytest.approx(ref_loss, rel=RTOL), (name, r0["loss"], ref_loss)
         assert r0["grads"].keys() == r1["grads"].keys() == ref_grads.keys(), name
+        if name.startswith("fsdp_"):  # every trainable weight sharded, nothing frozen
+            assert r0["sharded"] == r0["trainable"] == set(ref_grads), name
+        else:
+            assert not r0["sharded"], name
         bad = []
         for p, g in ref_grads.items():
-            assert torch.equal(r0["grads"][p], r1["grads"][p]), (name, p)  # DDP: one gradient
+            # DDP: one gradient on every rank; FSDP: the same shards gathered on every rank.
+            assert torch.equal(r0["grads"][p], r1["grads"][p]), (name, p)
             if not _close(r0["grads"][p], g):
                 bad.append((p, float((r0["grads"][p] - g).abs().max()), float(g.abs().max())))
         assert not bad, (name, bad)
@@ -168,6 +180,79 @@ def test_two_ranks_resume_a_one_rank_checkpoint(tiny_data_dir: Path, tmp_path: P
     groups = state["optimizer"]["param_groups"]
     assert [g["params"] for g in groups] == [g["params"] for g in ref["optimizer"]["param_groups"]]
     assert len(groups) == 3 and groups[2]["lr"] == pytest.approx(5 * groups[0]["lr"])
+
+
+def test_fsdp_checkpoints_move_between_one_rank_and_two_sharded_ranks(
+    tiny_data_dir: Path, tmp_path: Path
+) -> None:
+    """1 rank to step 3, then 2 FSDP ranks resume it (steps 4, 5, writing step 5 from the
+    gathered shards), then 1 rank resumes that (step 6): the same run as 1 rank throughout,
+    and the FSDP checkpoint has the one-rank format (keys, shapes, optimizer groups)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    cfg = tiny_cfg(
+        "dspark",
+        tiny_data_dir,
+        one,
+        6,
+        run={"checkpoint_every": 100, "keep_checkpoints": 5, "parallel": "fsdp"},
+        optim={"markov_lr_scale": 5},
+    )
+    tiny_trainer(cfg).train(progress=False, stop_at=3)
+    shutil.copytree(one, two)
+    tiny_trainer(cfg).train(resume=True, progress=False, stop_at=5)
+    tiny_trainer(cfg).train(resume=True, progress=False)  # 1 rank: steps 4..6
+
+    raw = json.loads(json.dumps(cfg.to_dict()))
+    raw["anchors"].pop("block_size")
+    raw["run"]["out_dir"] = str(two)
+    run_ranks(2, train_task, raw, True, 5)  # sharded: steps 4, 5
+    state2 = torch.load(two / "checkpoints/step-000005/train_state.pt", weights_only=False)
+    assert state2["world_size"] == 2 and state2["step"] == 5
+    tiny_trainer(TrainConfig.from_dict(raw)).train(resume=True, progress=False)  # 1 rank: 6
+
+    log1 = [json.loads(x) for x in (one / "log.jsonl").read_text().splitlines()]
+    log2 = [json.loads(x) for x in (two / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log1] == [r["step"] for r in log2] == [1, 2, 3, 4, 5, 6]
+    assert log1[:3] == log2[:3]  # the inherited history
+    for a, b in zip(log1[3:], log2[3:], strict=True):
+        assert (a["epoch"], a["anchors"], a["lr"]) == (b["epoch"], b["anchors"], b["lr"])
+        # Global-norm clipping: the norm over all shards is the one-rank norm.
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), (a, b)
+        assert b["total"] == pytest.approx(a["total"], rel=1e-5), (a, b)
+        assert b["accept_per_slot"] == pytest.approx(a["accept_per_slot"], abs=1e-4)
+    from safetensors.torch import load_file
+
+    for step in ("000005", "000006"):
+        w1 = load_file(str(one / f"checkpoints/step-{step}/drafter/model.safetensors"))
+        w2 = load_file(str(two / f"checkpoints/step-{step}/drafter/model.safetensors"))
+        assert w1.keys() == w2.keys()
+        for k in w1:
+            assert w1[k].shape == w2[k].shape and w1[k].dtype == w2[k].dtype, k
+            # A few AdamW steps from gradients that agree to ~1e-7 relative (as the DDP
+            # resume test): 1e-6 absolute leaves room for other BLAS builds.
+            assert torch.allclose(w1[k], w2[k], rtol=1e-5, atol=1e-6), (step, k)
+    # The optimizer state FSDP gathered is indexed, grouped and shaped as one rank's, and
+    # the Markov head kept its own learning-rate group (built after sharding).
+    state1 = torch.load(one / "checkpoints/step-000005/train_state.pt", weights_only=False)
+    opt1, opt2 = state1["optimizer"], state2["optimizer"]
+    assert opt1["param_groups"] == opt2["param_groups"]
+    groups = opt2["param_groups"]
+    assert len(groups) == 3 and groups[2]["lr"] == pytest.approx(5 * groups[0]["lr"])
+    assert opt1["state"].keys() == opt2["state"].keys()
+    for i, s1 in opt1["state"].items():
+        s2 = opt2["state"][i]
+        assert s1.keys() == s2.keys(), i
+        for k in s1:
+            assert type(s2[k]) is torch.Tensor and s1[k].shape == s2[k].shape, (i, k)
+            assert torch.allclose(s1[k], s2[k], rtol=1e-4, atol=1e-9), (i, k)
+
+
+def test_parallel_mode_is_checked() -> None:
+    from dspark_sglang.training.config import RunConfig
+
+    assert RunConfig().parallel == "ddp"
+    with pytest.raises(ValueError, match=r"run\.parallel must be one of \('ddp', 'fsdp'\)"):
+        RunConfig(parallel="zero3")
 
 
 def test_train_command_under_two_processes(

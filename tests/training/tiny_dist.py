@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tiny_training_target import TINY_LAYER_IDS, tiny_llama
+from torch.distributed.tensor import DTensor
 
 from dspark_sglang.model import TargetSpec
 from dspark_sglang.training.config import TrainConfig
@@ -140,17 +141,18 @@ def run_ranks(world: int, fn: Callable[..., None], *args: Any) -> None:
 
 
 def grads_task(ctx: DistContext, cases: list[tuple[str, dict[str, Any], int]], out: str) -> None:
-    """Per case ``(name, config, global batch)``: one step on that global batch; this
-    rank's loss share, the global loss, DDP's gradients and the local denominators are
-    saved to ``out/{name}-rank{r}.pt``."""
-    from dspark_sglang.training.distributed import all_reduce_sum, wrap_ddp
+    """Per case ``(name, config, global batch)``: one step on that global batch under
+    ``run.parallel`` (DDP or FSDP); this rank's loss share, the global loss, the gradients
+    (FSDP's shards gathered whole) and the local denominators are saved to
+    ``out/{name}-rank{r}.pt``."""
+    from dspark_sglang.training.distributed import all_reduce_sum, full_tensor
     from dspark_sglang.training.losses import loss_denominators
     from dspark_sglang.training.trainer import (
-        DraftStep,
         backward,
         batch_loss,
         build_drafter,
         iterate_shards,
+        parallel_step,
     )
 
     for name, cfg_raw, global_batch in cases:
@@ -158,7 +160,7 @@ def grads_task(ctx: DistContext, cases: list[tuple[str, dict[str, Any], int]], o
         tr = tiny_trainer(cfg)
         drafter = build_drafter(cfg, tr.spec, tr.hf_config, tr.embed_tokens, tr.lm_head, 3)
         drafter.train()
-        model = wrap_ddp(DraftStep(drafter), ctx)
+        model = parallel_step(drafter, ctx, cfg.run.parallel)
         sh = next(iterate_shards(tr.cache, cfg, 0, global_batch, ctx.rank, ctx.world_size))
         assert sh.batch == global_batch
         data = tr.device_batch(sh.data)  # online: this rank's target forward on its share
@@ -171,8 +173,10 @@ def grads_task(ctx: DistContext, cases: list[tuple[str, dict[str, Any], int]], o
                 "loss": float(all_reduce_sum(loss.detach().clone(), ctx)),
                 "local_den": loss_denominators(data.valid[sel], cfg.loss.gamma),
                 "anchors": data.num_anchors,
+                "sharded": {n for n, p in drafter.named_parameters() if isinstance(p, DTensor)},
+                "trainable": {n for n, p in drafter.named_parameters() if p.requires_grad},
                 "grads": {
-                    n: p.grad.clone()
+                    n: full_tensor(p.grad).clone()
                     for n, p in drafter.named_parameters()
                     if p.requires_grad and p.grad is not None
                 },
