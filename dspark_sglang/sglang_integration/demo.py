@@ -402,28 +402,31 @@ def target_top_two(
 ) -> tuple[tuple[TopTwo | None, ...], ...]:
     """The target's top two at every token of each output, by one prefill in ``engine``.
 
-    Each request is the prompt followed by its output, with ``return_logprob``,
-    ``top_logprobs_num=2`` and ``logprob_start_len`` at the prompt's end, so
-    SGLang returns the distribution before every output token (the radix cache
-    still serves the prompt). One forward pass, not a second decode.
+    Each request is the prompt followed by its output, with ``return_logprob``
+    and ``top_logprobs_num=2``. SGLang's entry for input position ``p`` is the
+    distribution that predicted token ``p``, except that the first entry (at
+    ``logprob_start_len``) is always None, so the start is the prompt's last
+    token: its None entry is dropped and the rest are the distributions before
+    every output token. One forward pass, not a second decode; the radix cache
+    still serves the prompt up to the start.
     """
     requests = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
     results = engine.generate(
         input_ids=requests,
         sampling_params={"temperature": 0.0, "max_new_tokens": 1},
         return_logprob=True,
-        logprob_start_len=[len(p) for p in prompts],
+        logprob_start_len=[len(p) - 1 for p in prompts],
         top_logprobs_num=2,
     )
     top = []
     for i, (res, out) in enumerate(zip(results, outputs, strict=True)):
         entries = res["meta_info"]["input_top_logprobs"]
-        if len(entries) != len(out):
+        if len(entries) != len(out) + 1:
             raise RuntimeError(
-                f"SGLang returned {len(entries)} input_top_logprobs for prompt {i}'s "
-                f"{len(out)} output tokens; the top-2 check cannot align them"
+                f"SGLang returned {len(entries)} input_top_logprobs for the last prompt token "
+                f"and {len(out)} output tokens of prompt {i}; the top-2 check cannot align them"
             )
-        top.append(top_two_from_sglang(entries, f"prompt {i} input_top_logprobs"))
+        top.append(top_two_from_sglang(entries[1:], f"prompt {i} input_top_logprobs"))
     return tuple(top)
 
 
