@@ -517,12 +517,14 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
             f"rounds by drafts accepted (k:rounds): {hist}", soft_wrap=True, highlight=False
         )
     same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
-    style = "bold green" if all(same) else "bold red"
+    tops = plain.top_two or tuple(() for _ in plain.outputs)
+    divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
+    passed = all(d.near_tie for d in divergences)
+    style = "bold green" if all(same) else "bold yellow" if passed else "bold red"
     console.print(
         f"[{style}]identical output at temperature 0: {sum(same)}/{len(same)} prompts[/]",
         soft_wrap=True,
     )
-    tops = plain.top_two or tuple(() for _ in plain.outputs)
     summary = summarize_margins(plain.outputs, tops)
     if summary.smallest is not None:
         margin, i, j = summary.smallest
@@ -534,12 +536,11 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
             soft_wrap=True,
             highlight=False,
         )
-    divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
     for d in divergences:
         style = "bold yellow" if d.near_tie else "bold red"
         kind = "NEAR-TIE" if d.near_tie else "MISMATCH"
         console.print(f"[{style}]{kind}: {d.describe()}[/]", soft_wrap=True, highlight=False)
-    return all(d.near_tie for d in divergences)
+    return passed
 
 
 def run_sglang_demo(
