@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from dspark_sglang.cli.base import Command, add_decoding_arguments, decoding_options
+from dspark_sglang.sglang_integration.cpu_dtype import DTYPE_CHOICES
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_decoding_arguments(p, max_new_tokens=48)
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="dtype of both SGLang engines. auto (default): bfloat16 where the CPU has native "
+        "bf16 matrix instructions (flags amx_bf16 or avx512_bf16 in /proc/cpuinfo), which "
+        "makes it much faster there, else float32; the demo prints which and why. A "
+        "divergence within the dtype's rounding tolerance is reported as a near-tie. "
+        "--engine reference always runs float32",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -50,6 +61,10 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
     try:
         if args.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        if args.dtype == "bfloat16":
+            raise ValueError(
+                "--dtype bfloat16 needs --engine sglang; the reference generator runs float32"
+            )
         target, gen = build_generator(**decoding_options(args), console=console)
         chats = demo_chats(args.num_prompts)
     except (ValueError, FileNotFoundError) as exc:

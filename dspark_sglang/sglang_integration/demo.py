@@ -10,7 +10,19 @@ prompts, and prints per engine tokens/s (wall time of ``generate`` only, after
 a short warm-up on a different prompt so neither run pays first-call costs or
 hits the other's radix cache), the speed ratio, SGLang's accepted length per
 verify round, and whether the outputs are token-identical. Greedy verification
-is lossless, so they must be: a mismatch is a bug and the demo exits 1.
+is lossless, so they must be; where a prompt's outputs differ the demo names
+the position and the target's top-2 logit margin there (``greedy_check``): a
+margin within the dtype's rounding tolerance is printed loudly as a numerical
+near-tie, anything else is a bug and the demo exits 1. The margins come from
+the plain engine itself: after its timed run, one untimed prefill of each
+prompt plus its plain output with ``return_logprob`` and ``top_logprobs_num=2``.
+
+Both engines run in one dtype, ``--dtype`` (``auto``: bfloat16 where the CPU
+has native bf16 matrix instructions, else float32; ``cpu_dtype``), and the
+demo prints which and why. The drafter's weights are cast to the engine's
+dtype by SGLang, whatever dtype its checkpoint stores (that changes acceptance
+at most, never the output). A cost table is a measurement in one dtype: the
+demo warns when its ``.meta.json`` names another one.
 
 Everything that can be checked without an engine (flags, cost table, drafter
 checkpoint against the target config) is checked first, because SGLang kills
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import tempfile
@@ -36,6 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
+from dspark_sglang.sglang_integration.cpu_dtype import DtypeChoice, choose_cpu_dtype, read_cpuinfo
+from dspark_sglang.sglang_integration.greedy_check import (
+    TopTwo,
+    find_divergences,
+    near_tie_tolerance,
+    summarize_margins,
+    top_two_from_sglang,
+)
 from dspark_sglang.sglang_integration.launch import (
     STS_FILENAME,
     LaunchError,
@@ -49,10 +70,12 @@ __all__ = [
     "DemoPlan",
     "EngineRun",
     "check_sglang_flags",
+    "cost_table_dtype",
     "plan_demo",
     "resolve_drafter",
     "run_engine",
     "run_sglang_demo",
+    "target_top_two",
     "write_scheduler_config",
 ]
 
@@ -78,6 +101,9 @@ class EngineRun:
     #: Sum over requests of SGLang's ``spec_correct_drafts_histogram`` (steps that
     #: accepted exactly k drafts), empty without speculation.
     accepted_histogram: tuple[int, ...]
+    #: The target's top two at every token of every output (``target_top_two``);
+    #: empty where they were not computed.
+    top_two: tuple[tuple[TopTwo | None, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -94,7 +120,11 @@ class EngineRun:
 
     @classmethod
     def from_outputs(
-        cls, label: str, outputs: Sequence[dict[str, Any]], wall_s: float
+        cls,
+        label: str,
+        outputs: Sequence[dict[str, Any]],
+        wall_s: float,
+        top_two: tuple[tuple[TopTwo | None, ...], ...] = (),
     ) -> EngineRun:
         """Aggregate SGLang's output dicts (``output_ids`` + ``meta_info``)."""
         verify = correct = 0
@@ -114,6 +144,7 @@ class EngineRun:
             verify_rounds=verify,
             correct_drafts=correct,
             accepted_histogram=tuple(hist),
+            top_two=top_two,
         )
 
 
@@ -130,6 +161,8 @@ class DemoPlan:
     #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG`` (``--policy``), else None:
     #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
     scheduler_config: Path | None
+    #: The dtype both engines run in, and why.
+    dtype: DtypeChoice
 
     def __post_init__(self) -> None:
         if not self.prompts or any(len(p) == 0 for p in self.prompts):
@@ -171,6 +204,10 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
         if value is not None and not Path(value).is_file():
             raise DemoError(f"{flag} {value}: no such file")
+    try:
+        choose_cpu_dtype(args.dtype, None)
+    except ValueError as exc:
+        raise DemoError(str(exc)) from exc
 
 
 @lru_cache(maxsize=4)
@@ -243,10 +280,55 @@ def resolve_drafter(
     return folder, False
 
 
+def cost_table_dtype(table: Path) -> str | None:
+    """The dtype a cost table was measured in, from its ``<table>.meta.json``; None if unknown.
+
+    The table file itself holds only SGLang's keys (its format stays byte-identical
+    to SGLang's), so the profiler records the dtype in the sidecar.
+    """
+    meta = table.with_name(table.stem + ".meta.json")
+    try:
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = doc.get("dtype") if isinstance(doc, dict) else None
+    return dtype if isinstance(dtype, str) else None
+
+
+def _check_cost_table_dtype(table: Path, engine_dtype: str, console: Any) -> None:
+    """Warn when ``table`` was measured in another dtype than the engine runs (or is unknown)."""
+    measured = cost_table_dtype(table)
+    if measured == engine_dtype:
+        return
+    if measured is None:
+        console.print(
+            f"[yellow]note: cost table {table} has no .meta.json naming its dtype; its step "
+            f"rates should come from a {engine_dtype} engine like this one.[/]",
+            soft_wrap=True,
+        )
+        return
+    console.print(
+        f"[bold yellow]WARNING: cost table {table} was measured in {measured} (its .meta.json) "
+        f"but the engines run in {engine_dtype}: its step rates do not describe these "
+        f"engines, so the policy weighs drafts against the wrong costs. Profile in "
+        f"{engine_dtype} (`dspark-sglang profile --dtype {engine_dtype}`) or pass "
+        f"--dtype {measured}.[/]",
+        soft_wrap=True,
+    )
+
+
 def write_scheduler_config(
-    args: argparse.Namespace, drafter_dir: Path, workdir: Path, console: Any
+    args: argparse.Namespace,
+    drafter_dir: Path,
+    workdir: Path,
+    console: Any,
+    engine_dtype: str = "float32",
 ) -> Path | None:
-    """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None)."""
+    """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None).
+
+    ``engine_dtype`` is what the engines run in; a cost table measured in
+    another one is used, with a warning.
+    """
     if args.policy is None:
         return None
     from dspark_sglang.scheduling.config import SchedulerConfig
@@ -263,6 +345,7 @@ def write_scheduler_config(
     # this process too (SGLang's start-up SIGQUIT): read them here first.
     if args.cost_table is not None:
         load_cost_table(args.cost_table)
+        _check_cost_table_dtype(Path(args.cost_table), engine_dtype, console)
     if sts is not None:
         try:
             check_sts_block_size(load_sts(sts).block_size, block_size, f"STS {sts}")
@@ -287,10 +370,12 @@ def plan_demo(
     """Validate everything and write the files both engine runs need (no engine started)."""
     from dspark_sglang.data.demo_prompts import demo_chats
 
+    dtype = choose_cpu_dtype(args.dtype, read_cpuinfo() if args.dtype == "auto" else None)
+    console.print(dtype.describe(), highlight=False)
     drafter_dir, trained = resolve_drafter(
         model_path, args.drafter, default_dir, args.seed, workdir, console
     )
-    scheduler_config = write_scheduler_config(args, drafter_dir, workdir, console)
+    scheduler_config = write_scheduler_config(args, drafter_dir, workdir, console, dtype.dtype)
     _, tokenizer = _target_spec(model_path)
     prompts = []
     for chat in demo_chats(args.num_prompts):
@@ -308,7 +393,41 @@ def plan_demo(
         max_new_tokens=args.max_new_tokens,
         omp_threads=args.threads if args.threads is not None else 1,
         scheduler_config=scheduler_config,
+        dtype=dtype,
     )
+
+
+def target_top_two(
+    engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+) -> tuple[tuple[TopTwo | None, ...], ...]:
+    """The target's top two at every token of each output, by one prefill in ``engine``.
+
+    Each request is the prompt followed by its output, with ``return_logprob``
+    and ``top_logprobs_num=2``. SGLang's entry for input position ``p`` is the
+    distribution that predicted token ``p``, except that the first entry (at
+    ``logprob_start_len``) is always None, so the start is the prompt's last
+    token: its None entry is dropped and the rest are the distributions before
+    every output token. One forward pass, not a second decode; the radix cache
+    still serves the prompt up to the start.
+    """
+    requests = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
+    results = engine.generate(
+        input_ids=requests,
+        sampling_params={"temperature": 0.0, "max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=[len(p) - 1 for p in prompts],
+        top_logprobs_num=2,
+    )
+    top = []
+    for i, (res, out) in enumerate(zip(results, outputs, strict=True)):
+        entries = res["meta_info"]["input_top_logprobs"]
+        if len(entries) != len(out) + 1:
+            raise RuntimeError(
+                f"SGLang returned {len(entries)} input_top_logprobs for the last prompt token "
+                f"and {len(out)} output tokens of prompt {i}; the top-2 check cannot align them"
+            )
+        top.append(top_two_from_sglang(entries[1:], f"prompt {i} input_top_logprobs"))
+    return tuple(top)
 
 
 def run_engine(
@@ -318,11 +437,14 @@ def run_engine(
     warmup: Sequence[int],
     max_new_tokens: int,
     console: Any,
+    top_two: bool = False,
 ) -> EngineRun:
     """Start one CPU engine, warm it up, time one batched greedy ``generate``, shut it down.
 
     EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
-    runs of both engines stop at the same token anyway.
+    runs of both engines stop at the same token anyway. With ``top_two`` the
+    engine also computes, untimed, the target's top two along its outputs
+    (``target_top_two``).
     """
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
@@ -338,16 +460,26 @@ def run_engine(
             start = time.perf_counter()
             outputs = generate_outputs(engine, [list(p) for p in prompts], max_new_tokens, sampling)
             wall = time.perf_counter() - start
+        tops: tuple[tuple[TopTwo | None, ...], ...] = ()
+        if top_two:
+            with console.status(f"{label}: target's top two along the outputs (untimed)"):
+                tops = target_top_two(engine, prompts, [o["output_ids"] for o in outputs])
         console.print(f"{label}: {wall:.2f} s; shutting the engine down", highlight=False)
-    return EngineRun.from_outputs(label, outputs, wall)
+    return EngineRun.from_outputs(label, outputs, wall, tops)
 
 
 def _fmt(x: float, digits: int = 2) -> str:
     return "-" if x != x else f"{x:.{digits}f}"
 
 
-def report(console: Any, plain: EngineRun, spec: EngineRun) -> bool:
-    """Print the figures; returns whether the greedy outputs are token-identical."""
+def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
+    """Print the figures; returns whether the greedy check passed.
+
+    It passes when the outputs are token-identical or every prompt's first
+    divergence is a numerical near-tie in ``dtype`` (``greedy_check``), which
+    is printed loudly. ``plain.top_two`` holds the target's top two along the
+    plain outputs.
+    """
     from rich.table import Table
 
     table = Table(title="SGLang engine on CPU, greedy: plain decoding vs DSPARK_MOE")
@@ -385,13 +517,30 @@ def report(console: Any, plain: EngineRun, spec: EngineRun) -> bool:
             f"rounds by drafts accepted (k:rounds): {hist}", soft_wrap=True, highlight=False
         )
     same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
-    ok = all(same)
-    style = "bold green" if ok else "bold red"
+    tops = plain.top_two or tuple(() for _ in plain.outputs)
+    divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
+    passed = all(d.near_tie for d in divergences)
+    style = "bold green" if all(same) else "bold yellow" if passed else "bold red"
     console.print(
         f"[{style}]identical output at temperature 0: {sum(same)}/{len(same)} prompts[/]",
         soft_wrap=True,
     )
-    return ok
+    summary = summarize_margins(plain.outputs, tops)
+    if summary.smallest is not None:
+        margin, i, j = summary.smallest
+        console.print(
+            f"target top-2 margins ({dtype}, from the plain engine): {summary.positions} of "
+            f"{plain.num_tokens} plain tokens, {summary.ranked_first} of them the target's first "
+            f"choice; smallest margin {margin:.3g} (prompt {i}, token {j}), near-tie tolerance "
+            f"{near_tie_tolerance(dtype):g}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    for d in divergences:
+        style = "bold yellow" if d.near_tie else "bold red"
+        kind = "NEAR-TIE" if d.near_tie else "MISMATCH"
+        console.print(f"[{style}]{kind}: {d.describe()}[/]", soft_wrap=True, highlight=False)
+    return passed
 
 
 def run_sglang_demo(
@@ -419,7 +568,7 @@ def run_sglang_demo(
         _, tokenizer = _target_spec(plan.model_path)
         warmup = tokenizer(_WARMUP_TEXT, add_special_tokens=False)["input_ids"]
         # Errors only: SGLang's CPU start-up logs a page of irrelevant GPU/import warnings.
-        base = {"host": _HOST, "log_level": "error"}
+        base = {"host": _HOST, "log_level": "error", "dtype": plan.dtype.dtype}
         plain_spec = CpuEngineSpec(
             model_path=str(plan.model_path), overrides=base, omp_threads=plan.omp_threads
         )
@@ -437,12 +586,18 @@ def run_sglang_demo(
         console.print(
             f"target {plan.model_path.name}, drafter {plan.drafter_dir.name} "
             f"({'trained' if plan.trained else 'UNTRAINED'}), {len(plan.prompts)} prompts x "
-            f"<= {plan.max_new_tokens} new tokens, greedy, policy {policy}",
+            f"<= {plan.max_new_tokens} new tokens, greedy, {plan.dtype.dtype}, policy {policy}",
             soft_wrap=True,
         )
         try:
             plain = run_engine(
-                "plain", plain_spec, plan.prompts, warmup, plan.max_new_tokens, console
+                "plain",
+                plain_spec,
+                plan.prompts,
+                warmup,
+                plan.max_new_tokens,
+                console,
+                top_two=True,
             )
             spec = run_engine(
                 "DSPARK_MOE", dspark_spec, plan.prompts, warmup, plan.max_new_tokens, console
@@ -457,7 +612,7 @@ def run_sglang_demo(
         except RuntimeError as exc:  # SGLang reports a failed start-up as RuntimeError
             print(f"demo: error: SGLang's engine failed: {exc}", file=sys.stderr)
             return 2
-    ok = report(console, plain, spec)
+    ok = report(console, plain, spec, plan.dtype.dtype)
     console.rule("first answer (DSPARK_MOE)")
     console.print(tokenizer.decode(list(spec.outputs[0]), skip_special_tokens=True))
     return 0 if ok else 1

@@ -4,7 +4,8 @@ The SGLang demo test is the README's first command at small size: SGLang's
 engine on CPU, plain decoding then DSPARK_MOE with the embedded drafter, two
 prompts x 16 tokens. Its printed figures are parsed and checked against each
 other (tokens / wall time = tok/s, the ratio of the two, tokens / verify
-rounds = accepted length); greedy outputs must be token-identical.
+rounds = accepted length); greedy outputs must be token-identical, and the
+target's top-2 margins from the plain engine must line up with its tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from dspark_sglang.cli import build_parser, main
+from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype, read_cpuinfo
 from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
 _TRAINED = (DEFAULT_DRAFTER_DIR / "config.json").is_file()
@@ -45,12 +47,16 @@ def test_subcommands_are_registered() -> None:
     assert args.engine == "sglang"  # the product is the default
     assert parser.parse_args(["demo"]).policy is None  # SGLang decides unless told
     assert parser.parse_args(["demo", "--engine", "reference"]).engine == "reference"
+    assert parser.parse_args(["demo"]).dtype == "auto"
+    assert parser.parse_args(["demo", "--dtype", "bfloat16"]).dtype == "bfloat16"
     args = parser.parse_args(["generate", "--prompt", "hi", "--temperature", "0.7"])
     assert args.prompt == "hi" and args.temperature == 0.7 and args.max_new_tokens == 128
     with pytest.raises(SystemExit):
         parser.parse_args(["generate"])  # --prompt is required
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--engine", "vllm"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--dtype", "float16"])
 
 
 @pytest.mark.parametrize(
@@ -153,6 +159,21 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     assert "first answer (DSPARK_MOE)" in out
     assert _children() <= before, "engine processes left behind"
 
+    # The dtype both engines ran in, and why, as the CPU's flags decide it.
+    choice = choose_cpu_dtype("auto", read_cpuinfo())
+    assert re.search(rf"^{re.escape(choice.describe())}$", out, re.MULTILINE), out
+    # The plain engine's top two line up with its own tokens: a margin for every
+    # token, and the emitted token is the target's first choice (up to near-ties).
+    m = _search(
+        r"target top-2 margins \((\w+), from the plain engine\): (\d+) of (\d+) plain tokens, "
+        r"(\d+) of them the target's first choice; smallest margin ([\d.e+-]+)",
+        out,
+    )
+    assert m[1] == choice.dtype and int(m[2]) == int(m[3]) == runs["plain"][0]
+    ties = 0 if choice.dtype == "float32" else int(m[2]) // 10
+    assert int(m[4]) >= int(m[2]) - ties and float(m[5]) >= 0.0
+    assert "MISMATCH" not in out
+
 
 @pytest.mark.slow
 def test_reference_demo_runs_and_reports_identical_output(
@@ -184,3 +205,9 @@ def test_generate_policy_needing_a_cost_table_fails_clearly(
     rc = main(["generate", "--prompt", "hi", "--policy", "prefix", "--max-new-tokens", "2"])
     assert rc == 2
     assert "needs --cost-table" in capsys.readouterr().err
+
+
+def test_reference_demo_refuses_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["demo", "--engine", "reference", "--dtype", "bfloat16"])
+    assert rc == 2
+    assert "--dtype bfloat16 needs --engine sglang" in capsys.readouterr().err

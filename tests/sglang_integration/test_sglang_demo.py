@@ -1,4 +1,4 @@
-"""The SGLang demo's pieces that need no engine: figure aggregation and the --policy route.
+"""The SGLang demo's pieces that need no engine: figures, the greedy verdict, the --policy route.
 
 The demo end to end (two CPU engines) is tested through the CLI in
 ``tests/cli/test_cli_demo.py``.
@@ -19,8 +19,11 @@ from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.demo import (
     DemoError,
     EngineRun,
+    cost_table_dtype,
+    report,
     write_scheduler_config,
 )
+from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTwo
 from dspark_sglang.sglang_integration.launch import STS_FILENAME, scheduler_env
 
 
@@ -100,3 +103,56 @@ def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:
             tmp_path,
             Console(quiet=True),
         )
+
+
+def _run(label: str, outputs: list[list[int]], top_two: tuple = ()) -> EngineRun:
+    return EngineRun.from_outputs(
+        label, [{"output_ids": o, "meta_info": {}} for o in outputs], 1.0, top_two
+    )
+
+
+def _tops(outputs: list[list[int]], runner_up: int, margin: float) -> tuple:
+    return tuple(tuple(TopTwo((t, runner_up), (-0.1, -0.1 - margin)) for t in o) for o in outputs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_report_passes_a_near_tie_loudly_and_fails_a_real_mismatch(dtype: str) -> None:
+    tol = NEAR_TIE_TOLERANCE[dtype]
+    plain_out = [[1, 2, 3], [4, 5, 6]]
+    spec = _run("DSPARK_MOE", [[1, 2, 3], [4, 7, 7]])  # prompt 1 flips 5 -> 7 at token 1
+    for margin, ok, word in ((tol / 4, True, "NEAR-TIE"), (tol * 4, False, "MISMATCH")):
+        console = Console(record=True, width=400)
+        plain = _run("plain", plain_out, _tops(plain_out, 7, margin))
+        assert report(console, plain, spec, dtype) is ok
+        text = console.export_text()
+        assert "identical output at temperature 0: 1/2 prompts" in text
+        assert f"{word}: prompt 1, token 1: plain 5 vs DSPARK_MOE 7" in text
+        assert "6 of 6 plain tokens, 6 of them the target's first choice" in text
+    # identical outputs pass, and without margins a mismatch cannot be excused
+    assert report(Console(quiet=True), plain, _run("DSPARK_MOE", plain_out), dtype)
+    assert not report(Console(quiet=True), _run("plain", plain_out), spec, dtype)
+
+
+def test_a_cost_table_from_another_dtype_is_named(tmp_path: Path) -> None:
+    table = tmp_path / "sps.json"
+    table.write_text(
+        json.dumps(
+            {"sample_batch_tokens": [1], "sample_steps_per_sec": [5.0], "max_batch_tokens": 8}
+        )
+    )
+    drafter = _drafter_dir(tmp_path, 7, None)
+    args = _args(policy="prefix", cost_table=table)
+
+    def notes(dtype: str) -> str:
+        console = Console(record=True, width=400)
+        assert write_scheduler_config(args, drafter, tmp_path, console, dtype) is not None
+        return console.export_text()
+
+    assert cost_table_dtype(table) is None
+    assert "has no .meta.json naming its dtype" in notes("bfloat16")
+    (tmp_path / "sps.meta.json").write_text(json.dumps({"dtype": "float32"}))
+    assert cost_table_dtype(table) == "float32"
+    assert notes("float32") == ""
+    warning = notes("bfloat16")
+    assert "measured in float32" in warning and "engines run in bfloat16" in warning
+    assert "dspark-sglang profile --dtype bfloat16" in warning
