@@ -22,14 +22,15 @@ so large batches are not priced at the last probe's rate. The table is
 validation as a loaded table and encodes byte-compatibly with SGLang's.
 
 What one probe step is (:func:`runner_step_factory`): a forward of the target's
-own SGLang ``ModelRunner`` over ``ceil(b / (B+1))`` synthetic requests of
-``B + 1`` tokens each (ragged, ``profiling.backend.verify_widths``), built the
-way SGLang's one-batch benchmark builds an extend batch, followed by freeing
-the request and KV slots. Limitations, stated: it is an extend-shaped forward
-without a cached prefix (verify attends to a prefix; the GEMMs, which dominate,
-are the same ``b`` rows), decode CUDA graphs are not replayed, and the step
-time includes building the batch on the host. It runs before any request is
-admitted, so clearing the pools frees only the probe's own slots.
+own SGLang ``ModelRunner`` over ``ceil(b / (B+1))`` synthetic requests of ``B +
+1`` tokens each (ragged, ``profiling.backend.verify_widths``), built the way
+SGLang's one-batch benchmark builds an extend batch, followed by clearing the
+request and KV pools (as that benchmark does between runs). Limitations,
+stated: it is an extend-shaped forward without a cached prefix (verify attends
+to a prefix; the GEMMs, which dominate, are the same ``b`` rows), decode CUDA
+graphs are not replayed, and the step time includes building the batch on the
+host. Clearing the pools is safe only because it runs before any request is
+admitted (nothing else holds a slot); checked on the CPU engine, not on a GPU.
 
 Clock: on CPU with one torch thread (SGLang's CPU engine default here) the
 calling thread's CPU time (``time.thread_time``), as the fleet profiler's
