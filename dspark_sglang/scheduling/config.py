@@ -114,9 +114,18 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         Per-step cap on total verify tokens (anchors plus drafts) over the
         batch, e.g. the largest CUDA-graph bucket. Unset: the cost table's limit.
     ``cost_table_path`` (str, optional)
-        SGLang SPS cost-table JSON (``SpsCostTable`` or ``SpsAdditiveCostTable``);
-        required by ``prefix`` and ``lagged``. Used as given (a path in the
-        serving container), not resolved against the config file.
+        SGLang SPS cost-table JSON (``SpsCostTable`` or ``SpsAdditiveCostTable``)
+        for ``prefix`` and ``lagged``. Used as given (a path in the serving
+        container), not resolved against the config file. Production tables come
+        from the fleet profiler (``dspark_sglang/profiling``).
+    ``startup_profile`` (bool, optional)
+        Without ``cost_table_path``: measure a small SPS staircase of the target
+        when the SGLang worker starts and schedule with it
+        (``sglang_integration/startup_profile.py``). Unset means on exactly when
+        the policy needs a table (``prefix``, ``lagged``) and none is named;
+        ``false`` keeps the requirement that such a policy names a table;
+        ``true`` also profiles for policies that need none (the table is then
+        only logged and written out). Not allowed together with ``cost_table_path``.
     ``sts_path`` (str, optional)
         SGLang STS calibration JSON (``DSparkStsCalibration``); without it raw
         confidences ``sigmoid(z)`` are used.
@@ -140,6 +149,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     cost_table_path: str | None = None
     sts_path: str | None = None
     greedy_only: bool = False
+    startup_profile: bool | None = None
 
     def __post_init__(self) -> None:
         # Types are re-checked here because direct construction bypasses msgspec's decoder.
@@ -179,14 +189,33 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
             raise ConfigError(f"max_verify_tokens must be an integer >= 1 or omitted, got {v!r}")
         _opt_path("cost_table_path", self.cost_table_path)
         _opt_path("sts_path", self.sts_path)
-        if self.policy in NEEDS_COST_TABLE and self.cost_table_path is None:
+        sp = self.startup_profile
+        if sp is not None and not isinstance(sp, bool):
+            raise ConfigError(f"startup_profile must be true, false or omitted, got {sp!r}")
+        if sp is True and self.cost_table_path is not None:
+            raise ConfigError(
+                "startup_profile: true measures a cost table at engine start, but "
+                f"cost_table_path={self.cost_table_path!r} names one: remove one of the two"
+            )
+        if self.policy in NEEDS_COST_TABLE and self.cost_table_path is None and sp is False:
             others = "/".join(p for p in POLICIES if p not in NEEDS_COST_TABLE)
             raise ConfigError(
-                f"policy {self.policy!r} needs cost_table_path (an SGLang SPS cost-table JSON); "
-                f"profile one or choose policy {others}"
+                f"policy {self.policy!r} needs cost_table_path (an SGLang SPS cost-table JSON) "
+                "when startup_profile is false; profile one, drop startup_profile: false to "
+                f"measure one at engine start, or choose policy {others}"
             )
         if not isinstance(self.greedy_only, bool):
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
+
+    @property
+    def profiles_at_startup(self) -> bool:
+        """Whether the SGLang worker measures this tier's cost table when it starts."""
+        if self.cost_table_path is not None:
+            return False
+        # false with a policy that needs a table was refused at validation.
+        return self.startup_profile is True or (
+            self.startup_profile is None and self.policy in NEEDS_COST_TABLE
+        )
 
     @property
     def num_draft_tokens(self) -> int:

@@ -442,6 +442,12 @@ def policy_from_config(
         )
     else:
         cost = load_cost_table(cfg.cost_table_path) if cfg.cost_table_path else None
+    if cost is None and cfg.policy in NEEDS_COST_TABLE:
+        raise ValueError(
+            f"policy {cfg.policy!r} has no cost table: the config names no cost_table_path, "
+            "and only the SGLang worker measures one at start-up (startup_profile); "
+            "pass policy_from_config(cfg, cost_model=...) or set cost_table_path"
+        )
     kw: dict[str, Any] = {}
     if cfg.policy == "static":
         kw["k"] = cfg.static_k

@@ -104,6 +104,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
       policy decides them (``scheduler_bridge``: the config is validated here,
       at start-up, and the planner is tagged so the planner hook uses it);
       otherwise SGLang's planner decides, as in DSPARK.
+    * Cost table: a config without ``cost_table_path`` whose policy needs one gets
+      a small SPS staircase measured here, before serving (``startup_profile``).
     * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
       loader) sets the confidence head's per-position temperatures, the same
       place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
@@ -121,7 +123,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
         moe_draft_model.register_model_class()
         super().__init__(*args, **kwargs)
-        from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
+        from dspark_sglang.sglang_integration import fallback, metrics
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
         from sglang.srt.runtime_context import get_parallel
@@ -141,14 +143,49 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 int(self.gamma),
                 records=self._dspark_records,
             )
+        from dspark_sglang.sglang_integration import startup_profile
+
+        self._dspark_tp_rank = int(get_parallel().tp_rank)
+        # A start-up cost table needs the KV pools and attention backends, which
+        # SGLang builds after this constructor: then the policy is installed in
+        # init_cuda_graphs, the last start-up hook, before any request is served.
+        # STS temperatures are set here either way: before the draft's graphs are captured.
+        pending = startup_profile.requested()
+        self._dspark_profile_pending = pending is not None
+        if pending is None:
+            self._install_decider()
+        elif pending.sts_path:
+            from dspark_sglang.calibration.sts import load_sts
+            from dspark_sglang.sglang_integration.launch import check_sts_block_size
+
+            sts = load_sts(pending.sts_path)
+            check_sts_block_size(sts.block_size, int(self.gamma), f"sts_path={pending.sts_path}")
+            self._apply_sts(pending.sts_path)
+
+    def init_cuda_graphs(self) -> None:
+        """SGLang's graph capture, then our start-up cost table and policy (if pending)."""
+        super().init_cuda_graphs()
+        if self._dspark_profile_pending:
+            self._dspark_profile_pending = False
+            self._install_decider(apply_sts=False)
+
+    def _install_decider(self, *, apply_sts: bool = True) -> None:
+        """Tag the planner with our policy (``scheduler_bridge.load_decider``), if configured."""
+        from dspark_sglang.sglang_integration import scheduler_bridge, startup_profile
+
+        tp_rank = self._dspark_tp_rank
         decider = scheduler_bridge.load_decider(
-            int(self.gamma), tp_rank=int(get_parallel().tp_rank)
+            int(self.gamma),
+            tp_rank=tp_rank,
+            profile=lambda cfg: startup_profile.profile_target(
+                cfg, self.target_worker, tp_rank=tp_rank
+            ),
         )
         if decider is None:
             return
         setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
         self.verify_policy = decider.policy.decide
-        if decider.config.sts_path:
+        if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
 
     def _apply_sts(self, path: str) -> None:

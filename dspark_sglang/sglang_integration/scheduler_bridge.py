@@ -37,8 +37,9 @@ from typing import Any
 import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.scheduling.cost_table import SpsCostTable
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
-from dspark_sglang.sglang_integration import metrics
+from dspark_sglang.sglang_integration import metrics, startup_profile
 from dspark_sglang.sglang_integration.launch import (
     CONFIG_ENV,
     RAGGED_MODE_ENV,
@@ -105,7 +106,11 @@ def _sha256_12(path: str | None) -> str:
 
 
 def load_decider(
-    gamma: int, env: dict[str, str] | None = None, *, tp_rank: int = 0
+    gamma: int,
+    env: dict[str, str] | None = None,
+    *,
+    tp_rank: int = 0,
+    profile: Callable[[SchedulerConfig], SpsCostTable] | None = None,
 ) -> VerifyDecider | None:
     """The decider ``DSPARK_SCHEDULER_CONFIG`` asks for, or ``None`` (SGLang decides).
 
@@ -113,6 +118,8 @@ def load_decider(
     fit the running worker (block size, ragged-verify mode, cost table, STS
     file). Publishes ``dspark_scheduler_info`` (policy, SLA tier, cost-table
     and STS digests) and logs the same line, so the deciding config is visible.
+    When the config asks for a start-up table (``profiles_at_startup``), ``profile``
+    measures it (``startup_profile.profile_target``) and the policy uses it.
     """
     env = dict(os.environ) if env is None else env
     path = env.get(CONFIG_ENV)
@@ -127,12 +134,22 @@ def load_decider(
         check_sts_block_size(load_sts(cfg.sts_path).block_size, gamma, f"sts_path={cfg.sts_path}")
     log = env.get(DECISION_LOG_ENV)
     records = tp_rank == 0
-    decider = VerifyDecider(cfg, policy_from_config(cfg), Path(log) if log else None, records)
+    table = None
+    if cfg.profiles_at_startup:
+        if profile is None:
+            raise ValueError(
+                f"{path}: the config asks for a start-up cost table; no profiler given"
+            )
+        table = profile(cfg)
+    policy = policy_from_config(cfg, cost_model=table)
+    decider = VerifyDecider(cfg, policy, Path(log) if log else None, records)
     info = {
         "policy": decider.policy.name,
         "sla_tier": cfg.sla_name,
         "block_size": str(cfg.block_size),
-        "cost_table_sha256": _sha256_12(cfg.cost_table_path),
+        "cost_table_sha256": _sha256_12(cfg.cost_table_path)
+        if table is None
+        else f"startup-{startup_profile.digest(table)}",
         "sts_sha256": _sha256_12(cfg.sts_path),
         "ragged_verify_mode": env.get(RAGGED_MODE_ENV, "static"),
     }

@@ -77,8 +77,14 @@ def _cfg(**over: object) -> dict[str, object]:
         (_cfg(lag_steps=0), "lag_steps must be an integer >= 1, got 0"),
         (_cfg(max_verify_tokens=0), "max_verify_tokens must be an integer >= 1"),
         (_cfg(max_running_requests=8), "unknown key(s) ['max_running_requests']"),
-        (_cfg(policy="prefix"), "policy 'prefix' needs cost_table_path"),
-        (_cfg(policy="lagged"), "policy 'lagged' needs cost_table_path"),
+        (_cfg(policy="prefix", startup_profile=False), "policy 'prefix' needs cost_table_path"),
+        (_cfg(policy="lagged", startup_profile=False), "policy 'lagged' needs cost_table_path"),
+        (_cfg(startup_profile="yes"), "Expected `bool | null`, got `str`"),
+        (
+            _cfg(startup_profile=True, cost_table_path="t.json"),
+            "startup_profile: true measures a cost table at engine start, but "
+            "cost_table_path='t.json' names one: remove one of the two",
+        ),
         (_cfg(cost_table_path=""), "cost_table_path must be a non-empty path string"),
         (_cfg(sts_path=3), "Expected `str | null`, got `int` - at `$.sts_path`"),
         (_cfg(min_tokens_per_sec_per_user=80), "unknown key(s) ['min_tokens_per_sec_per_user']"),
@@ -128,3 +134,26 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         SchedulerConfig.load(typo)
     with pytest.raises(ConfigError, match="cannot read"):
         SchedulerConfig.load(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("kw", "profiles"),
+    [
+        ({"policy": "prefix"}, True),
+        ({"policy": "lagged"}, True),
+        ({"policy": "lagged", "cost_table_path": "t.json"}, False),
+        ({"policy": "lagged", "cost_table_path": "t.json", "startup_profile": False}, False),
+        ({"policy": "mtp1"}, False),
+        ({"policy": "mtp1", "startup_profile": True}, True),
+        ({"policy": "mtp1", "startup_profile": False}, False),
+    ],
+)
+def test_startup_profile_runs_without_a_table(kw: dict[str, object], profiles: bool) -> None:
+    assert SchedulerConfig(block_size=4, **kw).profiles_at_startup is profiles  # type: ignore[arg-type]
+
+
+def test_startup_profile_flag_is_checked_on_direct_construction() -> None:
+    with pytest.raises(ConfigError, match="startup_profile must be true, false or omitted, got 1"):
+        SchedulerConfig(block_size=4, policy="mtp1", startup_profile=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="choose policy static/mtp1/verify_all/none"):
+        SchedulerConfig(block_size=4, policy="prefix", startup_profile=False)

@@ -77,7 +77,9 @@ def test_the_config_validates_what_every_caller_builds() -> None:
     with pytest.raises(ConfigError, match="static_k must be <= block_size"):
         _cfg("static", static_k=6)
     with pytest.raises(ConfigError, match="choose policy static/mtp1/verify_all/none"):
-        SchedulerConfig(block_size=5, policy="lagged")
+        SchedulerConfig(block_size=5, policy="lagged", startup_profile=False)
+    with pytest.raises(ValueError, match="only the SGLang worker measures one at start-up"):
+        policy_from_config(SchedulerConfig(block_size=5, policy="lagged"))
 
 
 def test_draft_tokens_are_the_block_plus_the_anchor() -> None:

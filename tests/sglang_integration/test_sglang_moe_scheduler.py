@@ -14,6 +14,12 @@ drafts) exactly as decided; fault steps verify 1 (the anchor: plain
 decoding); every request still completes with the target's greedy tokens;
 ``dspark_fallback_total{reason="draft_error"}`` equals the number of fault
 steps and ``dspark_rounds_total`` the number of decode steps.
+
+The config also sets ``startup_profile: true`` (no cost table) with
+``max_verify_tokens`` 8: the worker measures a small SPS staircase of the target
+through SGLang's model runner before serving, writes it beside the decision log
+and names its digest in ``dspark_scheduler_info`` (``static`` does not use it,
+so the decisions above are unaffected).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 NEW_TOKENS = 64  # as the hf_reference fixture (conftest.py)
 STATIC_K = 2
 FAULT_EVERY = 3
+STARTUP_CAP = 8
 
 
 def _read_metrics(prom_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -57,7 +64,14 @@ def moe_run(
     tmp = tmp_path_factory.mktemp("moe_sched")
     draft = write_dense_dspark_draft(smollm2_path, tmp / "draft")
     cfg = tmp / "scheduler.yaml"
-    SchedulerConfig(block_size=4, policy="static", static_k=STATIC_K, sla_name="test").save(cfg)
+    SchedulerConfig(
+        block_size=4,
+        policy="static",
+        static_k=STATIC_K,
+        sla_name="test",
+        startup_profile=True,
+        max_verify_tokens=STARTUP_CAP,
+    ).save(cfg)
     log = tmp / "decisions.jsonl"
     prom = tmp / "prom"
     prom.mkdir()
@@ -81,7 +95,8 @@ def moe_run(
         outs = generate_outputs(engine, prompt_ids, NEW_TOKENS)
         samples = _read_metrics(prom)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    return {"outs": outs, "records": records, "metrics": samples}
+    table = tmp / "decisions.startup_cost_table.json"
+    return {"outs": outs, "records": records, "metrics": samples, "table": table}
 
 
 def _steps(run: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -120,3 +135,18 @@ def test_greedy_output_is_the_targets(
     for i, (o, ref) in enumerate(zip(moe_run["outs"], hf_reference, strict=True)):
         assert list(o["output_ids"]) == ref, f"prompt {i} differs from the target's greedy output"
         assert o["meta_info"].get("spec_verify_ct", 0) > 0, f"prompt {i}: no verify ran"
+
+
+def test_startup_profile_measured_the_target_and_published_it(moe_run: dict[str, Any]) -> None:
+    from dspark_sglang.scheduling.cost_table import load_cost_table
+    from dspark_sglang.sglang_integration.startup_profile import digest, probe_points
+
+    table = load_cost_table(moe_run["table"])  # our validation: finite, > 0, sorted
+    assert table.sample_batch_tokens == probe_points(STARTUP_CAP)
+    assert table.max_batch_tokens == STARTUP_CAP
+    info = [
+        dict(labels)
+        for (name, labels), v in moe_run["metrics"].items()
+        if name == "dspark_scheduler_info" and v == 1
+    ]
+    assert [i["cost_table_sha256"] for i in info] == [f"startup-{digest(table)}"]
