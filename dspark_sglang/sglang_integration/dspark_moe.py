@@ -103,7 +103,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Verify lengths: when ``DSPARK_SCHEDULER_CONFIG`` names a config, our
       policy decides them (``scheduler_bridge``: the config is validated here,
       at start-up, and the planner is tagged so the planner hook uses it);
-      otherwise SGLang's planner decides, as in DSPARK.
+      otherwise SGLang's planner decides, as in DSPARK. In compact ragged verify
+      the planner always asks our hook (``verify_tier``: no verify-all shortcut)
+      and our lengths are trimmed to the step's CUDA-graph token tier.
     * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
       loader) sets the confidence head's per-position temperatures, the same
       place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
@@ -144,9 +146,18 @@ class DSparkMoeWorker(DSparkWorkerV2):
         decider = scheduler_bridge.load_decider(
             int(self.gamma), tp_rank=int(get_parallel().tp_rank)
         )
-        if decider is None:
-            return
+        if decider is not None:
+            self._attach_decider(decider)
+
+    def _attach_decider(self, decider: Any) -> None:
+        """Tag the planner so the hook lets ``decider`` choose the verify lengths."""
+        from dspark_sglang.sglang_integration import scheduler_bridge, verify_tier
+
         setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
+        # Compact mode without an SGLang SPS table would skip our hook (verify-all).
+        verify_tier.schedule_every_step(
+            self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
+        )
         self.verify_policy = decider.policy.decide
         if decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
