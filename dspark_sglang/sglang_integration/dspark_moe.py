@@ -70,11 +70,19 @@ class DSparkMoeSpecAlgo(CustomSpecAlgo):
     def handle_server_args(self, server_args: Any) -> None:
         """Our launch checks (``launch.check_server_args``), then DSPARK's own."""
         from sglang.srt.arg_groups.overrides import resolving_view
+        from sglang.srt.runtime_context import attn_tp_size_of
+        from sglang.srt.utils.common import get_device
 
         from dspark_sglang.sglang_integration.launch import check_server_args
 
         cfg = resolving_view(server_args)
-        check_server_args(cfg.speculative_num_draft_tokens, cfg.speculative_draft_model_path)
+        check_server_args(
+            cfg.speculative_num_draft_tokens,
+            cfg.speculative_draft_model_path,
+            tp_size=attn_tp_size_of(cfg),
+            # Unset until SGLang resolves it: the same default it will pick.
+            device=(cfg.device or get_device()).split(":")[0],
+        )
         SpeculativeAlgorithm.DSPARK.handle_server_args(server_args)
 
     def __getattr__(self, name: str) -> Any:
@@ -110,6 +118,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
       loader) sets the confidence head's per-position temperatures, the same
       place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
     * Metrics: every decode step feeds ``metrics.observe_round``.
+    * Start-up: a draft whose attention heads the TP ranks cannot share is
+      refused before SGLang builds it (``launch.check_draft_heads``; CPU pads).
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error or non-finite output turns that step into plain
       decoding instead of failing the batch.
@@ -122,6 +132,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
 
         # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
         moe_draft_model.register_model_class()
+        _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
         super().__init__(*args, **kwargs)
         from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
 
@@ -194,6 +205,32 @@ class DSparkMoeWorker(DSparkWorkerV2):
             if decider is not None:
                 decider.log_used(result.cap_lens)
         return result
+
+
+def _check_draft_heads(target_worker: Any) -> None:
+    """``launch.check_draft_heads`` on the draft config SGLang is about to load.
+
+    Runs before the draft is built (a head count the TP ranks cannot share fails
+    inside SGLang's layers otherwise); the draft runs at the attention-TP width.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    from dspark_sglang.sglang_integration.launch import check_draft_heads
+
+    runner = getattr(target_worker, "model_runner", None)
+    aux = getattr(runner, "spec_aux_config", None)
+    draft = getattr(aux, "draft_model_config", None)
+    if draft is None:
+        return
+    heads = int(draft.hf_config.num_attention_heads)
+    kv_heads = int(getattr(draft.hf_config, "num_key_value_heads", None) or heads)
+    check_draft_heads(
+        heads,
+        kv_heads,
+        int(get_parallel().attn_tp_size),
+        str(target_worker.device).split(":")[0],
+        f"draft config {draft.model_path}",
+    )
 
 
 def _worker_factory(server_args: Any) -> type[DSparkMoeWorker]:
