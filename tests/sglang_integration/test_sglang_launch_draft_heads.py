@@ -79,3 +79,24 @@ def test_worker_refuses_before_loading_the_draft() -> None:
         with pytest.raises(launch.LaunchError, match=r"num_attention_heads=9 .* size 2"):
             _check_draft_heads(target("cuda"))
         _check_draft_heads(target("cpu"))
+
+
+def test_server_argument_resolution_refuses_the_tp_size() -> None:
+    """DSPARK_MOE's ``handle_server_args`` (SGLang calls it while resolving arguments)."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from dspark_sglang import sglang_plugin
+
+    sglang_plugin.load()
+    algo = SpeculativeAlgorithm.from_string("dspark_moe")
+
+    args = ServerArgs(
+        model_path="dummy",
+        device="cuda",
+        tp_size=2,
+        speculative_algorithm="DSPARK_MOE",
+        speculative_draft_model_path=str(DRAFTER),
+    )
+    with pytest.raises(launch.LaunchError, match=r"num_attention_heads=9 .* size 2"):
+        algo.handle_server_args(args)
