@@ -70,11 +70,19 @@ class DSparkMoeSpecAlgo(CustomSpecAlgo):
     def handle_server_args(self, server_args: Any) -> None:
         """Our launch checks (``launch.check_server_args``), then DSPARK's own."""
         from sglang.srt.arg_groups.overrides import resolving_view
+        from sglang.srt.runtime_context import attn_tp_size_of
+        from sglang.srt.utils.common import get_device
 
         from dspark_sglang.sglang_integration.launch import check_server_args
 
         cfg = resolving_view(server_args)
-        check_server_args(cfg.speculative_num_draft_tokens, cfg.speculative_draft_model_path)
+        check_server_args(
+            cfg.speculative_num_draft_tokens,
+            cfg.speculative_draft_model_path,
+            tp_size=attn_tp_size_of(cfg),
+            # Unset until SGLang resolves it: the same default it will pick.
+            device=(cfg.device or get_device()).split(":")[0],
+        )
         SpeculativeAlgorithm.DSPARK.handle_server_args(server_args)
 
     def __getattr__(self, name: str) -> Any:
@@ -103,13 +111,17 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Verify lengths: when ``DSPARK_SCHEDULER_CONFIG`` names a config, our
       policy decides them (``scheduler_bridge``: the config is validated here,
       at start-up, and the planner is tagged so the planner hook uses it);
-      otherwise SGLang's planner decides, as in DSPARK.
+      otherwise SGLang's planner decides, as in DSPARK. In compact ragged verify
+      the planner always asks our hook (``verify_tier``: no verify-all shortcut)
+      and our lengths are trimmed to the step's CUDA-graph token tier.
     * Cost table: a config without ``cost_table_path`` whose policy needs one gets
       a small SPS staircase measured here, before serving (``startup_profile``).
     * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
       loader) sets the confidence head's per-position temperatures, the same
       place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
     * Metrics: every decode step feeds ``metrics.observe_round``.
+    * Start-up: a draft whose attention heads the TP ranks cannot share is
+      refused before SGLang builds it (``launch.check_draft_heads``; CPU pads).
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error or non-finite output turns that step into plain
       decoding instead of failing the batch.
@@ -122,6 +134,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
 
         # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
         moe_draft_model.register_model_class()
+        _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
         super().__init__(*args, **kwargs)
         from dspark_sglang.sglang_integration import fallback, metrics
 
@@ -181,9 +194,18 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 cfg, self.target_worker, tp_rank=tp_rank
             ),
         )
-        if decider is None:
-            return
+        if decider is not None:
+            self._attach_decider(decider, apply_sts=apply_sts)
+
+    def _attach_decider(self, decider: Any, *, apply_sts: bool = True) -> None:
+        """Tag the planner so the hook lets ``decider`` choose the verify lengths."""
+        from dspark_sglang.sglang_integration import scheduler_bridge, verify_tier
+
         setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
+        # Compact mode without an SGLang SPS table would skip our hook (verify-all).
+        verify_tier.schedule_every_step(
+            self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
+        )
         self.verify_policy = decider.policy.decide
         if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
@@ -220,6 +242,32 @@ class DSparkMoeWorker(DSparkWorkerV2):
             if decider is not None:
                 decider.log_used(result.cap_lens)
         return result
+
+
+def _check_draft_heads(target_worker: Any) -> None:
+    """``launch.check_draft_heads`` on the draft config SGLang is about to load.
+
+    Runs before the draft is built (a head count the TP ranks cannot share fails
+    inside SGLang's layers otherwise); the draft runs at the attention-TP width.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    from dspark_sglang.sglang_integration.launch import check_draft_heads
+
+    runner = getattr(target_worker, "model_runner", None)
+    aux = getattr(runner, "spec_aux_config", None)
+    draft = getattr(aux, "draft_model_config", None)
+    if draft is None:
+        return
+    heads = int(draft.hf_config.num_attention_heads)
+    kv_heads = int(getattr(draft.hf_config, "num_key_value_heads", None) or heads)
+    check_draft_heads(
+        heads,
+        kv_heads,
+        int(get_parallel().attn_tp_size),
+        str(target_worker.device).split(":")[0],
+        f"draft config {draft.model_path}",
+    )
 
 
 def _worker_factory(server_args: Any) -> type[DSparkMoeWorker]:

@@ -10,7 +10,9 @@ benchmarks, the tests), so none of them types a number twice or checks it its ow
   (``scheduling.config.num_draft_tokens``, ``SchedulerConfig.num_draft_tokens``);
 * ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy
   (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`);
-* the drafter folder's STS file is :data:`STS_FILENAME`.
+* the drafter folder's STS file is :data:`STS_FILENAME`;
+* a drafter whose attention heads cannot be split evenly over the tensor-parallel
+  ranks is refused on devices that do not pad heads (:func:`check_draft_heads`).
 
 :func:`check_server_args` runs in SGLang's server-argument resolution (our
 algorithm's ``handle_server_args``), before SGLang's own DSpark checks, so a
@@ -36,10 +38,12 @@ __all__ = [
     "LaunchError",
     "check_block_size",
     "check_config",
+    "check_draft_heads",
     "check_ragged_mode",
     "check_server_args",
     "check_sts_block_size",
     "drafter_block_size",
+    "drafter_heads",
     "is_dspark_moe_drafter",
     "scheduler_env",
 ]
@@ -103,20 +107,91 @@ def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
         )
 
 
-def check_server_args(
-    num_draft_tokens: int | None, drafter_path: str | None, env: Mapping[str, str] | None = None
+def drafter_heads(folder: str | Path) -> tuple[int, int]:
+    """``(num_attention_heads, num_key_value_heads)`` of a drafter folder's ``config.json``."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads", heads))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LaunchError(
+            f"{path}: cannot read num_attention_heads / num_key_value_heads "
+            f"({type(exc).__name__}: {exc}); point --speculative-draft-model-path at a "
+            "drafter written by dspark-sglang"
+        ) from exc
+    return heads, kv_heads
+
+
+def _kv_heads_split(kv_heads: int, tp: int) -> bool:
+    """SGLang's KV-head sharding: divided below ``tp``, replicated evenly from ``tp`` up."""
+    return kv_heads % tp == 0 if tp < kv_heads else tp % kv_heads == 0
+
+
+def _fitting_tp_sizes(heads: int, kv_heads: int) -> list[int]:
+    return [tp for tp in range(1, heads + 1) if heads % tp == 0 and _kv_heads_split(kv_heads, tp)]
+
+
+def check_draft_heads(
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    tp_size: int,
+    device: str | None,
+    source: str,
 ) -> None:
-    """Refuse ``--speculative-num-draft-tokens`` or a scheduler config that is not the drafter's.
+    """Refuse a drafter whose attention heads SGLang cannot shard over ``tp_size`` ranks.
+
+    SGLang's ``QKVParallelLinear`` gives each rank ``num_attention_heads / tp`` query
+    heads and ``num_key_value_heads / tp`` KV heads (or one KV head replicated
+    ``tp / num_key_value_heads`` times when ``tp >= num_key_value_heads``); both must
+    divide exactly. Only its CPU backend pads heads to fit
+    (``adjust_config_with_unaligned_cpu_tp``), so ``device == "cpu"`` passes; on any
+    other device the draft would fail while loading. ``tp_size`` is the attention-TP
+    width the drafter runs at.
+    """
+    if device == "cpu" or tp_size <= 1:
+        return
+    fits = _fitting_tp_sizes(num_attention_heads, num_key_value_heads)
+    if num_attention_heads % tp_size:
+        field, value = "num_attention_heads", num_attention_heads
+    elif not _kv_heads_split(num_key_value_heads, tp_size):
+        field, value = "num_key_value_heads", num_key_value_heads
+    else:
+        return
+    raise LaunchError(
+        f"{source}: the drafter's {field}={value} does not split over tensor-parallel "
+        f"size {tp_size} (--tp-size): SGLang gives every TP rank the same number of "
+        f"attention heads and pads heads only on CPU, so the drafter cannot load on "
+        f"{device or 'this device'}. Retrain the drafter with num_attention_heads and "
+        f"num_key_value_heads divisible by {tp_size}, or serve at a --tp-size that fits "
+        f"this drafter ({fits})"
+    )
+
+
+def check_server_args(
+    num_draft_tokens: int | None,
+    drafter_path: str | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    tp_size: int = 1,
+    device: str | None = None,
+) -> None:
+    """Refuse ``--speculative-num-draft-tokens``, a scheduler config or a TP size that
+    does not fit the drafter.
 
     ``None`` for ``num_draft_tokens`` lets SGLang derive it from the drafter
     (always right). A path SGLang resolves from a hub, or a draft checkpoint in
     SGLang's own dense format (another ``model_type``), is left to SGLang's checks and
     to the worker's (``scheduler_bridge.load_decider`` compares the config with the
-    running block size).
+    running block size; ``DSparkMoeWorker`` checks the heads against the TP size).
+    ``tp_size`` is the attention-TP width and ``device`` the server's device, for
+    :func:`check_draft_heads`.
     """
     env = os.environ if env is None else env
     if not drafter_path or not is_dspark_moe_drafter(drafter_path):
         return
+    heads, kv_heads = drafter_heads(drafter_path)
+    check_draft_heads(heads, kv_heads, tp_size, device, f"{drafter_path}/config.json")
     block = drafter_block_size(drafter_path)
     need = draft_tokens_for(block)
     if num_draft_tokens is not None and int(num_draft_tokens) != need:

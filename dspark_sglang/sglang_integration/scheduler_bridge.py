@@ -46,6 +46,7 @@ from dspark_sglang.sglang_integration.launch import (
     check_config,
     check_sts_block_size,
 )
+from dspark_sglang.sglang_integration.verify_tier import fit_to_budget
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,8 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
 
     SGLang returns ``None`` (verify the whole block) without confidences; so do we.
     After a drafter fault (``fallback.FORCE_PLAIN_ATTR``) every request verifies
-    only its anchor, whoever decides otherwise.
+    only its anchor, whoever decides otherwise. In compact mode our lengths are
+    trimmed to the step's CUDA-graph token tier (``verify_tier.fit_to_budget``).
     The lengths go through SGLang's TP sync so all ranks verify the same layout.
     """
     from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
@@ -193,6 +195,11 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
     if decider is None or confidence is None:
         return original(planner, **kw)
     lens = decider.verify_lens(confidence, kw["device"])
+    if planner.is_compact_mode:
+        # The CUDA-graph tier is sized from SGLang's budget, not from our lengths.
+        lens = fit_to_budget(
+            lens, confidence, kw.get("budget"), planner._schedule_cfg.min_verify_len
+        )
     planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
     return lens
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prom_samples import read_metrics
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
@@ -40,21 +41,6 @@ NEW_TOKENS = 64  # as the hf_reference fixture (conftest.py)
 STATIC_K = 2
 FAULT_EVERY = 3
 STARTUP_CAP = 8
-
-
-def _read_metrics(prom_dir: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """All samples SGLang's ``/metrics`` would aggregate from its multiprocess dir."""
-    from prometheus_client import CollectorRegistry, multiprocess
-
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for sub in [prom_dir, *(p for p in prom_dir.iterdir() if p.is_dir())]:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(sub))
-        for family in registry.collect():
-            for s in family.samples:
-                key = (s.name, tuple(sorted(s.labels.items())))
-                samples[key] = samples.get(key, 0.0) + s.value
-    return samples
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +79,7 @@ def moe_run(
     )
     with cpu_engine(spec) as engine:
         outs = generate_outputs(engine, prompt_ids, NEW_TOKENS)
-        samples = _read_metrics(prom)
+        samples = read_metrics(prom)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     table = tmp / "decisions.startup_cost_table.json"
     return {"outs": outs, "records": records, "metrics": samples, "table": table}

@@ -1,0 +1,105 @@
+"""Our verify lengths inside the CUDA-graph token tier SGLang sized for the step (compact mode).
+
+What SGLang 0.5.23 does (``dspark_components/dspark_planner.py``,
+``DSparkVerifyPlanner.schedule_layout``) under ``SGLANG_RAGGED_VERIFY_MODE=compact``:
+
+* the step's token tier is ``N * max(min_verify_len, 1) + budget`` (capped at
+  ``N * (B + 1)``; ``local_verify_tier_num_tokens``), ``budget`` being the lagged
+  verify budget of ``compute_verify_token_budget`` (or, with
+  ``--speculative-dspark-align-verify-tokens-to-graph-tier``, that tier's padded
+  graph size minus the floor). The captured graph is the tier rounded up to the
+  token grid; the tier is computed from ``budget``, *not* from the lengths
+  ``_schedule_verify_lens`` returns. SGLang's own top-k keeps
+  ``sum(verify_len - floor) <= budget``; a policy behind our hook does not, and
+  ``RaggedVerifyLayout.padded_to_bucket`` then pads ``graph_num_tokens -
+  sum(verify_lens)`` into the tail rows, which is negative.
+* with a flat (uninitialised) SPS table, i.e. no
+  ``--speculative-dspark-sps-table-path``, the planner marks itself verify-all
+  (``_is_verify_all``) and serves a cached uniform layout without calling
+  ``_schedule_verify_lens``: a configured DSPARK_MOE policy would never decide.
+
+What we do, without patching SGLang:
+
+* :func:`fit_to_budget` (called by the planner hook) trims our lengths to
+  ``sum(verify_len) <= N * floor + budget``, the tier's lower bound, so they fit
+  whatever graph SGLang picks for the step. It drops the drafts with the lowest
+  survival ``prod(c_1..c_j)`` first (survival never rises along a block, so the
+  dropped ones are always a request's trailing drafts) and keeps every anchor
+  (``verify_len >= 1``). The cap uses only this step's confidences and SGLang's
+  budget (computed from older confidences), never a verify outcome, so the
+  choice stays non-anticipating and verification lossless.
+* :func:`schedule_every_step` (called by our worker when a scheduler config is
+  loaded) clears the verify-all shortcut, so ``schedule_layout`` takes its
+  scheduling path and our hook decides. The flat table's budget is then "every
+  lagged draft with survival >= ``survival_eps``", which the tier follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def fit_to_budget(
+    verify_lens: torch.Tensor,
+    confidence: torch.Tensor,
+    budget: int | None,
+    min_verify_len: int = 1,
+) -> torch.Tensor:
+    """``verify_lens [N]`` (anchor included) trimmed to ``N * max(min_verify_len, 1) + budget``.
+
+    Unchanged when ``budget`` is ``None`` (SGLang then sizes the tier for the whole
+    block) or when the lengths already fit. Otherwise the excess drafts are removed
+    lowest survival first (ties: later position, then later request), never a
+    request's anchor. Returns int32 on ``verify_lens``'s device.
+    """
+    if budget is None:
+        return verify_lens
+    n = int(verify_lens.shape[0])
+    limit = n * max(int(min_verify_len), 1) + int(budget)
+    lens = verify_lens.detach().to("cpu", torch.int64)
+    excess = int(lens.sum()) - limit
+    if excess <= 0:
+        return verify_lens
+    b = int(confidence.shape[1])
+    surv = torch.cumprod(confidence.detach().to("cpu", torch.float64).clamp(0.0, 1.0), dim=1)
+    drafts = (lens - 1).clamp(0, b)
+    pos = torch.arange(b).expand(n, b)
+    chosen = pos < drafts.unsqueeze(1)
+    req = torch.arange(n).unsqueeze(1).expand(n, b)[chosen]
+    cand_pos = pos[chosen]
+    cand_surv = surv[chosen]
+    # Rank by survival (desc), then position, then request: stable sorts, last key first.
+    order = torch.argsort(req, stable=True)
+    order = order[torch.argsort(cand_pos[order], stable=True)]
+    order = order[torch.argsort(cand_surv[order], descending=True, stable=True)]
+    keep = max(int(chosen.sum()) - excess, 0)
+    kept = torch.bincount(req[order[:keep]], minlength=n)
+    return (kept + 1).to(device=verify_lens.device, dtype=torch.int32)
+
+
+def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:
+    """Make a compact-mode planner call ``_schedule_verify_lens`` every step.
+
+    Clears SGLang's verify-all shortcut (flat SPS table); returns whether it was set.
+    Refuses ``SGLANG_SIMULATE_ACC_LEN`` other than 0 or 1.0, as SGLang does for any
+    trimming schedule (its own check ran while the planner was still verify-all).
+    """
+    if not getattr(planner, "_is_verify_all", False) or not planner.is_compact_mode:
+        return False
+    if simulate_acc_len > 0 and simulate_acc_len != 1.0:
+        raise ValueError(
+            f"SGLANG_SIMULATE_ACC_LEN={simulate_acc_len} needs every draft verified, but "
+            "DSPARK_SCHEDULER_CONFIG makes our policy choose per-request verify lengths; "
+            "unset DSPARK_SCHEDULER_CONFIG or use SGLANG_SIMULATE_ACC_LEN=1.0"
+        )
+    planner._is_verify_all = False
+    logger.info(
+        "DSPARK_MOE: compact ragged verify without --speculative-dspark-sps-table-path; "
+        "SGLang would verify every draft, our scheduler policy decides instead"
+    )
+    return True

@@ -1,0 +1,197 @@
+"""Our policy behind SGLang's real ``DSparkVerifyPlanner`` in compact ragged-verify mode.
+
+The planner is SGLang 0.5.23's own class, built as its worker builds it, under a
+runtime context published from ``ServerArgs`` (``--cuda-graph-bs-decode``,
+``--speculative-dspark-sps-table-path``, ``--max-running-requests``). On the CPU there
+is no CUDA-graph runner, so the model runner carries the one its planner reads:
+``capture_bs`` from the published ``cuda_graph_bs_decode`` and the token tiers from
+SGLang's own ``DecodeCudaGraphRunner._build_ragged_verify_token_buckets``. Our hook is
+installed on the class exactly as SGLang's ``HookRegistry`` wraps an AROUND hook.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.scheduling.policies import policy_from_config, survival
+from dspark_sglang.sglang_integration import scheduler_bridge
+from dspark_sglang.sglang_integration.dspark_moe import DSparkMoeWorker
+
+BLOCK = 4
+WIDTH = BLOCK + 1  # --speculative-num-draft-tokens
+GRAPH_BS = [1, 2, 4]
+N = 3
+
+
+def _published(**server_args: Any) -> Any:
+    from sglang.srt.runtime_context import SpawnRanks, create_context
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="dummy",
+        device="cpu",
+        cuda_graph_bs_decode=GRAPH_BS,
+        max_running_requests=max(GRAPH_BS),
+        disable_overlap_schedule=True,
+        **server_args,
+    )
+    return create_context(args, role="test", ranks=SpawnRanks(world_rank=0))
+
+
+def _planner() -> Any:
+    """SGLang's planner with the graph tiers its CUDA-graph runner would capture."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+        DecodeCudaGraphRunner,
+    )
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+
+    capture_bs = sorted(get_exec().graph.cuda_graph_bs_decode)
+    runner = types.SimpleNamespace(
+        ragged_verify_mode=True,
+        capture_bs=capture_bs,
+        captured_req_width=WIDTH,
+        max_bs=max(capture_bs),
+    )
+    runner.capture_num_tokens = DecodeCudaGraphRunner._build_ragged_verify_token_buckets(runner)
+    slots = max(capture_bs)
+    pool = types.SimpleNamespace(
+        size=slots,
+        req_generation=torch.ones(slots, dtype=torch.int64),
+        req_to_token=torch.zeros(slots, 64, dtype=torch.int32),
+    )
+    return DSparkVerifyPlanner(
+        draft_model=types.SimpleNamespace(confidence_head=torch.nn.Identity()),
+        gamma=BLOCK,
+        model_runner=types.SimpleNamespace(decode_cuda_graph_runner=runner, req_to_token_pool=pool),
+        device=torch.device("cpu"),
+        tp_rank=0,
+        verify_num_draft_tokens=WIDTH,
+        tp_sync=SpecTpSync(types.SimpleNamespace(world_size=1, rank_in_group=0)),
+    )
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Compact mode, and our AROUND hook on ``_schedule_verify_lens`` (as SGLang wraps it)."""
+    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
+
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    original = DSparkVerifyPlanner._schedule_verify_lens
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return scheduler_bridge.schedule_verify_lens_hook(original, *args, **kwargs)
+
+    monkeypatch.setattr(DSparkVerifyPlanner, "_schedule_verify_lens", wrapper)
+    yield
+
+
+def _attach(planner: Any, cfg: SchedulerConfig) -> scheduler_bridge.VerifyDecider:
+    """What ``DSparkMoeWorker.__init__`` does with a loaded config (its own method)."""
+    decider = scheduler_bridge.VerifyDecider(cfg, policy_from_config(cfg), None, records=False)
+    worker = types.SimpleNamespace(_verify_planner=planner, _simulate_acc_len=0.0)
+    DSparkMoeWorker._attach_decider(worker, decider)
+    return decider
+
+
+def _step(planner: Any, confidence: torch.Tensor) -> Any:
+    """One decode step's planner calls, as ``DSparkWorkerV2._forward_decode`` makes them."""
+    n = confidence.shape[0]
+    prefix = torch.full((n,), 16, dtype=torch.int64)
+    slots = torch.arange(n)
+    budget = planner.resolve_verify_token_budget(
+        draft_input=types.SimpleNamespace(verify_token_budget=None),
+        confidence=confidence,
+        prefix_lens=prefix,
+        req_pool_indices=slots,
+    )
+    return planner.schedule_layout(
+        req_pool_indices=slots,
+        prefix_lens=prefix,
+        device=torch.device("cpu"),
+        confidence=confidence,
+        budget=budget,
+    )
+
+
+def _confidence(seed: int) -> torch.Tensor:
+    """Requests at distinct confidence levels, so the lowest-value drafts sit in one row."""
+    gen = torch.Generator().manual_seed(seed)
+    levels = torch.linspace(0.95, 0.3, N)[torch.randperm(N, generator=gen)].unsqueeze(1)
+    return levels * (0.9 + 0.1 * torch.rand(N, BLOCK, generator=gen))
+
+
+def test_compact_lengths_fit_the_graph_tier_sglang_sized(hooked: None, tmp_path: Path) -> None:
+    """A profiled SPS table that makes SGLang's budget small: our verify-every-draft policy
+    is trimmed into the step's graph, lowest-survival drafts first, every anchor kept."""
+    from sglang.kernels.ops.speculative.ragged_verify_kernels import pad_verify_lens_to_bucket
+    from sglang.srt.runtime_context import use_context
+
+    # Steps/s falls off a cliff past N + 2 batch tokens: SGLang admits few drafts.
+    table = tmp_path / "sps.json"
+    table.write_text(
+        json.dumps(
+            {
+                "sample_batch_tokens": [1, N + 2],
+                "sample_steps_per_sec": [100.0, 1.0],
+                "max_batch_tokens": max(GRAPH_BS) * WIDTH,
+            }
+        )
+    )
+    with use_context(_published(speculative_dspark_sps_table_path=str(table))):
+        planner = _planner()
+        assert not planner.is_verify_all  # a profiled table: SGLang schedules itself
+        cfg = SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK)
+        decider = _attach(planner, cfg)
+        confidence = _confidence(0)
+        wanted = decider.policy.decide(confidence) + 1
+        layout = _step(planner, confidence)
+
+    lens = layout.verify_lens.to(torch.int64)
+    assert int(wanted.sum()) > layout.graph_num_tokens  # the policy alone would overflow
+    assert int(lens.sum()) <= layout.graph_num_tokens
+    assert bool((lens >= 1).all()) and bool((lens <= wanted).all())
+    # SGLang's padding to the captured bucket never makes a negative length.
+    padded_bs = min(bs for bs in GRAPH_BS if bs >= N)
+    padded = pad_verify_lens_to_bucket(
+        verify_lens=layout.verify_lens,
+        graph_num_tokens=layout.graph_num_tokens,
+        bs=N,
+        padded_bs=padded_bs,
+    )
+    assert bool((padded >= 0).all()), padded.tolist()
+    # The drafts kept are the most likely to survive: none dropped beats one kept.
+    surv = survival(confidence)
+    pos = torch.arange(BLOCK)
+    kept = pos < (lens - 1).unsqueeze(1)
+    dropped = (pos < (wanted - 1).unsqueeze(1)) & ~kept
+    assert bool(dropped.any())
+    assert float(surv[kept].min()) >= float(surv[dropped].max())
+
+
+def test_verify_all_shortcut_does_not_bypass_the_policy(hooked: None) -> None:
+    """Without an SGLang SPS table the planner would serve a verify-all layout and never
+    ask our hook; with a DSPARK_MOE config attached, the policy's lengths are used."""
+    from sglang.srt.runtime_context import use_context
+
+    with use_context(_published()):
+        planner = _planner()
+        assert planner.is_verify_all  # SGLang's shortcut condition holds
+        cfg = SchedulerConfig(policy="mtp1", block_size=BLOCK)
+        decider = _attach(planner, cfg)
+        confidence = _confidence(1)
+        layout = _step(planner, confidence)
+
+    want = (decider.policy.decide(confidence) + 1).tolist()
+    assert want != [WIDTH] * N  # distinguishable from verify-all
+    assert layout.verify_lens.tolist() == want
+    assert int(layout.verify_lens.sum()) <= layout.graph_num_tokens
