@@ -59,27 +59,26 @@ def fit_to_budget(
     """
     if budget is None:
         return verify_lens
-    n = int(verify_lens.shape[0])
-    limit = n * max(int(min_verify_len), 1) + int(budget)
-    lens = verify_lens.detach().to("cpu", torch.int64)
-    excess = int(lens.sum()) - limit
-    if excess <= 0:
-        return verify_lens
-    b = int(confidence.shape[1])
-    surv = torch.cumprod(confidence.detach().to("cpu", torch.float64).clamp(0.0, 1.0), dim=1)
-    drafts = (lens - 1).clamp(0, b)
-    pos = torch.arange(b).expand(n, b)
-    chosen = pos < drafts.unsqueeze(1)
-    req = torch.arange(n).unsqueeze(1).expand(n, b)[chosen]
-    cand_pos = pos[chosen]
-    cand_surv = surv[chosen]
-    # Rank by survival (desc), then position, then request: stable sorts, last key first.
-    order = torch.argsort(req, stable=True)
-    order = order[torch.argsort(cand_pos[order], stable=True)]
-    order = order[torch.argsort(cand_surv[order], descending=True, stable=True)]
-    keep = max(int(chosen.sum()) - excess, 0)
-    kept = torch.bincount(req[order[:keep]], minlength=n)
-    return (kept + 1).to(device=verify_lens.device, dtype=torch.int32)
+    # Device ops only (no host read-back): the kept drafts are the ``keep`` best by
+    # rank, where ``keep`` is a device scalar; when nothing exceeds the tier,
+    # ``keep`` counts every chosen draft and the lengths come back unchanged.
+    n, b = int(verify_lens.shape[0]), int(confidence.shape[1])
+    dev = verify_lens.device
+    limit = n * max(int(min_verify_len), 1) + budget
+    lens = verify_lens.detach().to(torch.int64)
+    surv = torch.cumprod(confidence.detach().to(dev, torch.float64).clamp(0.0, 1.0), dim=1)
+    pos = torch.arange(b, device=dev).expand(n, b)
+    chosen = pos < (lens - 1).clamp(0, b).unsqueeze(1)
+    # Position-major flattening, so a stable sort by survival (descending) breaks
+    # ties by the earlier position, then the earlier request; unchosen drafts last.
+    key = torch.where(chosen, surv, torch.full_like(surv, -1.0)).t().reshape(-1)
+    order = torch.argsort(key, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=dev)
+    excess = (lens.sum() - limit).clamp(min=0)
+    keep = (chosen.sum() - excess).clamp(min=0)
+    kept = chosen & (rank.view(b, n).t() < keep)
+    return (kept.sum(dim=1) + 1).to(dtype=torch.int32)
 
 
 def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:

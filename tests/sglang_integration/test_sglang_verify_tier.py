@@ -195,3 +195,36 @@ def test_verify_all_shortcut_does_not_bypass_the_policy(hooked: None) -> None:
     assert want != [WIDTH] * N  # distinguishable from verify-all
     assert layout.verify_lens.tolist() == want
     assert int(layout.verify_lens.sum()) <= layout.graph_num_tokens
+
+
+def _fit_oracle(lens: list[int], conf: torch.Tensor, limit: int) -> list[int]:
+    """Drop drafts one by one, lowest survival first (then later position, later request)."""
+    surv = survival(conf.double()).tolist()
+    drafts = [max(0, min(x - 1, conf.shape[1])) for x in lens]
+    while sum(drafts) + len(drafts) > limit:
+        last = [(surv[r][d - 1], -(d - 1), -r) for r, d in enumerate(drafts) if d > 0]
+        if not last:
+            break
+        _, _, neg_r = min(last)
+        drafts[-neg_r] -= 1
+    return [d + 1 for d in drafts]
+
+
+def test_fit_to_budget_matches_dropping_the_lowest_survival_drafts_without_host_reads() -> None:
+    from host_sync_guard import host_syncs_raise
+
+    from dspark_sglang.sglang_integration.verify_tier import fit_to_budget
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n, b = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(1, 8, (1,)))
+        conf = torch.rand(n, b, generator=g)
+        if trial % 3 == 0:  # ties in survival
+            conf = (conf * 4).round() / 4
+        lens = torch.randint(0, b + 2, (n,), generator=g).clamp(1, b + 1).to(torch.int32)
+        budget = int(torch.randint(0, n * b + 2, (1,), generator=g))
+        with host_syncs_raise("fit_to_budget"):
+            got = fit_to_budget(lens, conf, budget, 1)
+        want = _fit_oracle(lens.tolist(), conf, n + budget)
+        assert got.dtype == torch.int32 and got.tolist() == want, (trial, lens, budget)
+    assert fit_to_budget(lens, conf, None) is lens
