@@ -4,7 +4,7 @@ The engine: DSPARK_MOE with SGLang's dense draft (random weights), ``cap-accept`
 ragged verify (per-request verify lengths, the confidence head exists), our
 ``prefix`` policy (``DSPARK_SCHEDULER_CONFIG`` with a staircase cost table), NaN
 fault injection on every 3rd draft forward (so non-finite rows are folded on the
-device), Prometheus metrics on, no decision log (the one debug aid allowed to sync).
+device), our Prometheus metrics in a multiprocess directory, no decision log (the one debug aid allowed to sync).
 
 ``DSPARK_TEST_SYNC_GUARD`` (test-only, ``sync_probe``) makes the worker, inside
 SGLang's scheduler process, run each of our per-step blocks (the planner hook's
@@ -80,7 +80,9 @@ def guarded_run(
             "speculative_algorithm": "DSPARK_MOE",
             "speculative_draft_model_path": str(draft),
             "speculative_draft_load_format": "dummy",
-            "enable_metrics": True,
+            # No enable_metrics: a second in-process engine with it collides with
+            # test_sglang_moe_scheduler's in SGLang's own registry (sglang:startup_*);
+            # PROMETHEUS_MULTIPROC_DIR alone puts our metrics in the directory.
         },
         env={
             "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
