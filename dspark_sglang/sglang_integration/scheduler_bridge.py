@@ -57,7 +57,9 @@ from dspark_sglang.sglang_integration.launch import (
 logger = logging.getLogger(__name__)
 
 #: Debug/test aid: append every decision (the confidences the policy was given and the
-#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only.
+#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only. Writing it
+#: reads those tensors back to the host every step (a sync): the only per-step read of
+#: ours, and only when this is set; leave it unset in production.
 DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 DECIDER_ATTR = "dspark_moe_decider"
 PLANNER_METHOD = (

@@ -4,7 +4,8 @@ The engine: DSPARK_MOE with SGLang's dense draft (random weights), ``cap-accept`
 ragged verify (per-request verify lengths, the confidence head exists), our
 ``prefix`` policy (``DSPARK_SCHEDULER_CONFIG`` with a staircase cost table), NaN
 fault injection on every 3rd draft forward (so non-finite rows are folded on the
-device), our Prometheus metrics in a multiprocess directory, no decision log (the one debug aid allowed to sync).
+device), our Prometheus metrics in a multiprocess directory, no decision log (the
+one debug aid allowed to sync).
 
 ``DSPARK_TEST_SYNC_GUARD`` (test-only, ``sync_probe``) makes the worker, inside
 SGLang's scheduler process, run each of our per-step blocks (the planner hook's
