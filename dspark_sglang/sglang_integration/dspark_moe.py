@@ -119,12 +119,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
       loader) sets the confidence head's per-position temperatures, the same
       place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
-    * Metrics: every decode step feeds ``metrics.observe_round``.
+    * Metrics: every decode step adds into ``metrics.StepMetrics`` on the device;
+      SGLang's own result copy brings a snapshot to the host (``MetricsFlush``).
     * Start-up: a draft whose attention heads the TP ranks cannot share is
       refused before SGLang builds it (``launch.check_draft_heads``; CPU pads).
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
-      so a drafter error or non-finite output turns that step into plain
-      decoding instead of failing the batch.
+      so a drafter error turns that step, and non-finite output the affected
+      rows (on the device), into plain decoding instead of failing the batch.
     """
 
     verify_policy: VerifyPolicy | None = None
@@ -144,9 +145,10 @@ class DSparkMoeWorker(DSparkWorkerV2):
         # Every TP rank runs this worker on the same batch; one records, or Prometheus
         # sums would show tp_size times the truth.
         self._dspark_records = int(get_parallel().tp_rank) == 0
-        self._dspark_position = metrics.PositionAcceptance(int(self.gamma))
+        self._dspark_metrics: metrics.StepMetrics | None = None
         if self._dspark_records:
             metrics.ensure_created()
+            self._dspark_metrics = metrics.StepMetrics(int(self.gamma), self.device)
         if getattr(self, "_proposer", None) is not None:
             # An instance attribute on our worker's own proposer: SGLang's class is untouched.
             self._proposer.propose = fallback.GuardedPropose(
@@ -155,6 +157,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 self._verify_planner,
                 int(self.gamma),
                 records=self._dspark_records,
+                step_metrics=self._dspark_metrics,
             )
         from dspark_sglang.sglang_integration import startup_profile
 
@@ -193,6 +196,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
             profile=lambda cfg: startup_profile.profile_target(
                 cfg, self.target_worker, tp_rank=tp_rank
             ),
+            device=self.device,
+            step_metrics=self._dspark_metrics,
         )
         if decider is not None:
             self._attach_decider(decider, apply_sts=apply_sts)
@@ -222,26 +227,52 @@ class DSparkMoeWorker(DSparkWorkerV2):
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from dspark_sglang.sglang_integration import fallback, metrics
+        from dspark_sglang.sglang_integration import fallback, sync_probe
 
         try:
             result = super()._forward_decode(batch, *args, **kwargs)
         finally:
             # A fallback forces "anchor only" for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
+            setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
         accept = getattr(result, "accept_lens", None)
-        if self._dspark_records and accept is not None and accept.numel() > 0:
-            cap = result.cap_lens
-            verify = (
-                cap
-                if cap is not None
-                else torch.full_like(accept, int(self.verify_num_draft_tokens))
-            )
-            metrics.observe_round(accept, verify, self._dspark_position)
+        step_metrics = self._dspark_metrics
+        if step_metrics is not None and accept is not None and accept.numel() > 0:
+            with sync_probe.sync_free("DSparkMoeWorker.step_metrics"):
+                cap = result.cap_lens
+                verify = (
+                    cap
+                    if cap is not None
+                    else torch.full_like(accept, int(self.verify_num_draft_tokens))
+                )
+                step_metrics.observe_round(accept, verify)
+                self._attach_metrics_flush(result, step_metrics)
             decider = getattr(self._verify_planner, "dspark_moe_decider", None)
             if decider is not None:
-                decider.log_used(result.cap_lens)
+                decider.log_used(result.cap_lens)  # syncs only with DSPARK_DECISION_LOG set
         return result
+
+    @staticmethod
+    def _attach_metrics_flush(result: Any, step_metrics: Any) -> None:
+        """Hand this step's cumulative snapshot to SGLang as an auxiliary output.
+
+        SGLang copies it to the host with the step's accept lengths (the same
+        asynchronous copy) and the scheduler's result processing calls its
+        ``consume``, which publishes the Prometheus values (``metrics.MetricsFlush``).
+        A step whose result has no logits output carries none; the next one's
+        cumulative snapshot covers it.
+        """
+        from sglang.srt.managers.auxiliary_output import append_auxiliary_output
+
+        from dspark_sglang.sglang_integration.metrics import MetricsFlush
+
+        logits_output = getattr(result, "logits_output", None)
+        if logits_output is None:
+            return
+        logits_output.auxiliary_device_output = append_auxiliary_output(
+            logits_output.auxiliary_device_output,
+            MetricsFlush(step_metrics, step_metrics.snapshot()),
+        )
 
 
 def _check_draft_heads(target_worker: Any) -> None:

@@ -1,17 +1,30 @@
-"""Drafter faults: the affected step falls back to plain decoding, nothing is lost.
+"""Drafter faults: the affected requests fall back to plain decoding, nothing is lost.
 
 Why it is safe: verification is lossless for *any* draft tokens. Under greedy
 verification the target keeps only drafts equal to its own argmax and always
 emits its own next token; under rejection sampling a draft block marked
 ``greedy_draft`` is checked against a one-hot draft distribution, which is
-exact for tokens chosen deterministically. So when the drafter raises or
-returns non-finite values, the worker substitutes a placeholder proposal (every
-draft = the anchor token, confidences 0) and asks for verify length 1 (the
-anchor only, i.e. 0 drafts) for every request of the step. The target then
-emits exactly its own token, as plain decoding would. In SGLang's ``static``
-ragged mode there is no per-request layout, so the placeholder drafts are
-verified (and, being lossless, can only be accepted when they equal the
-target's tokens); in ``cap-accept``/``compact`` the cap of 1 verifies none.
+exact for tokens chosen deterministically. So a request whose drafter output is
+unusable gets a placeholder proposal (every draft = the anchor token,
+confidences 0, a one-hot draft distribution on the anchor) and verify length 1
+(the anchor only, i.e. 0 drafts). The target then emits exactly its own token,
+as plain decoding would. In SGLang's ``static`` ragged mode there is no
+per-request layout, so the placeholder drafts are verified (and, being lossless,
+can only be accepted when they equal the target's tokens); in
+``cap-accept``/``compact`` the cap of 1 verifies none.
+
+Two kinds of fault, two paths:
+
+* The drafter *raises* (an exception is already a host event): the whole step
+  falls back on the host (:func:`plain_decoding_proposal`,
+  :data:`FORCE_PLAIN_ATTR`), counted as ``dspark_fallback_total{reason="draft_error"}``.
+* The drafter returns *non-finite* confidences or draft logits: no host branch.
+  :func:`non_finite_rows` flags the affected requests on the device and
+  :func:`fold_rows` replaces exactly those rows with the placeholder via
+  ``torch.where`` (:data:`PLAIN_ROWS_ATTR` caps their verify length at 1). The
+  healthy rows of the step keep their drafts. ``dspark_fallback_total{reason=
+  "non_finite"}`` counts steps with at least one such row, from the device
+  accumulator (``metrics.StepMetrics``), when it is flushed.
 
 Fault injection (tests only): ``DSPARK_FAULT_INJECT_EVERY=N`` makes every N-th
 draft forward raise (``DSPARK_FAULT_INJECT_MODE=raise``, default) or return NaN
@@ -28,7 +41,7 @@ from typing import Any
 import msgspec
 import torch
 
-from dspark_sglang.sglang_integration import metrics
+from dspark_sglang.sglang_integration import metrics, sync_probe
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +55,64 @@ class InjectedDrafterFaultError(RuntimeError):
     """Raised by the test-only fault injection in place of a real drafter error."""
 
 
-def non_finite_reason(proposal: Any) -> str | None:
-    """``"non_finite"`` when the proposal's confidences or draft logits are not finite."""
-    for name, t in (
-        ("confidence", getattr(proposal, "confidence", None)),
-        ("corrected_logits", getattr(proposal.draft_block, "corrected_logits", None)),
+#: Planner attribute: ``[N]`` bool device tensor, rows that must verify the anchor only.
+PLAIN_ROWS_ATTR = "dspark_moe_plain_rows"
+
+
+def non_finite_rows(proposal: Any, bs: int) -> torch.Tensor:
+    """``[bs]`` bool (on the proposal's device): rows whose confidences or draft
+    logits hold a non-finite value. Torch ops only, no host read."""
+    bad = torch.zeros(bs, dtype=torch.bool, device=proposal.draft_block.draft_tokens.device)
+    for t in (
+        getattr(proposal, "confidence", None),
+        getattr(proposal.draft_block, "corrected_logits", None),
     ):
-        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            logger.debug("drafter produced non-finite %s", name)
-            return "non_finite"
-    return None
+        if t is not None and t.is_floating_point():
+            rows = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
+            bad = bad | rows[:bs].to(bad.device)
+    return bad
+
+
+def _one_hot_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits whose softmax (any temperature > 0) is one-hot on ``tokens`` ``[N, G]``."""
+    low = torch.full_like(logits, torch.finfo(logits.dtype).min)
+    return low.scatter_(-1, tokens.unsqueeze(-1).to(torch.int64), 0.0)
+
+
+def fold_rows(
+    proposal: Any, bad: torch.Tensor, anchor: torch.Tensor, *, with_confidence: bool
+) -> Any:
+    """``proposal`` with the ``bad`` rows replaced by the plain-decoding placeholder.
+
+    Per bad row: drafts (and the ``verify_ids`` drafts) = the anchor, confidences 0,
+    draft logits one-hot on the anchor (so a sampling verify sees a deterministic
+    draft, exact). Other rows are untouched. ``with_confidence=False`` (the planner
+    carries none, SGLang's ``static`` mode) drops confidences, as
+    :func:`plain_decoding_proposal` does.
+    """
+    block = proposal.draft_block
+    tokens = block.draft_tokens
+    row = bad.view(-1, *([1] * (tokens.dim() - 1)))
+    anchor_col = anchor.view(-1, 1).to(tokens.dtype)
+    new_tokens = torch.where(row, anchor_col, tokens)
+    logits = block.corrected_logits
+    if logits is not None:
+        placeholder = _one_hot_logits(logits, anchor_col.expand(-1, logits.shape[1]))
+        logits = torch.where(bad.view(-1, 1, 1), placeholder, logits)
+    new_block = msgspec.structs.replace(block, draft_tokens=new_tokens, corrected_logits=logits)
+    changes: dict[str, Any] = {"draft_block": new_block}
+    verify_ids = getattr(proposal, "verify_ids", None)
+    if verify_ids is not None:
+        changes["verify_ids"] = torch.where(
+            bad.view(-1, 1), anchor_col.to(verify_ids.dtype), verify_ids
+        )
+    for name in ("confidence", "confidence_raw"):
+        t = getattr(proposal, name, None)
+        if not with_confidence:
+            changes[name] = None
+        elif t is not None:
+            changes[name] = torch.where(bad.view(-1, 1), torch.zeros_like(t), t)
+    return msgspec.structs.replace(proposal, **changes)
 
 
 def plain_decoding_proposal(
@@ -110,12 +171,20 @@ def _poisoned(proposal: Any) -> Any:
     return msgspec.structs.replace(proposal, confidence=nan)
 
 
-class GuardedPropose:
-    """Wraps a proposer's ``propose``: faults become a plain-decoding step.
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` (``[n, ...]``) padded with zeros to ``rows`` rows (shapes only, no read)."""
+    if t.shape[0] >= rows:
+        return t[:rows]
+    return torch.cat((t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))))
 
-    On a fault it counts ``dspark_fallback_total{reason}``, logs one warning
-    line, marks the planner (:data:`FORCE_PLAIN_ATTR`) and returns
-    :func:`plain_decoding_proposal`.
+
+class GuardedPropose:
+    """Wraps a proposer's ``propose``: faults become plain decoding (module doc).
+
+    A raising drafter: counts ``dspark_fallback_total{reason="draft_error"}``, logs
+    one warning line, marks the planner (:data:`FORCE_PLAIN_ATTR`) and returns
+    :func:`plain_decoding_proposal` (``fallbacks`` counts these steps). Every
+    other step goes through :meth:`fold` on the device, with no host read.
     """
 
     def __init__(
@@ -126,6 +195,7 @@ class GuardedPropose:
         gamma: int,
         *,
         records: bool = True,
+        step_metrics: metrics.StepMetrics | None = None,
     ) -> None:
         self.original = original
         self.proposer = proposer
@@ -133,6 +203,8 @@ class GuardedPropose:
         self.gamma = gamma
         #: Whether this rank counts fallbacks in metrics (TP rank 0 only).
         self.records = records
+        #: Device accumulator counting non-finite steps (``None``: not counted).
+        self.step_metrics = step_metrics
         self.calls = 0
         self.fallbacks = 0
         self.inject_every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
@@ -157,13 +229,25 @@ class GuardedPropose:
             proposal = self.original(**kw)
             if self._inject():
                 proposal = _poisoned(proposal)
-            reason = non_finite_reason(proposal)
-            if reason is None:
-                return proposal
-            detail = "non-finite confidences or draft logits"
         except Exception as exc:  # any drafter failure must not lose the step
-            reason, detail = "draft_error", f"{type(exc).__name__}: {exc}"
-        return self._fallback(reason, detail, **kw)
+            return self._fallback("draft_error", f"{type(exc).__name__}: {exc}", **kw)
+        with sync_probe.sync_free("GuardedPropose.fold"):
+            return self.fold(proposal, **kw)
+
+    def fold(self, proposal: Any, **kw: Any) -> Any:
+        """Non-finite rows -> placeholder rows, their verify length capped at 1 (device)."""
+        rows = int(proposal.draft_block.draft_tokens.shape[0])
+        bad = _pad_rows(non_finite_rows(proposal, min(rows, int(kw["bs"]))), rows)
+        anchor = _pad_rows(kw["draft_input"].bonus_tokens.reshape(-1), rows)
+        setattr(self.planner, PLAIN_ROWS_ATTR, bad)
+        if self.step_metrics is not None:
+            self.step_metrics.count_non_finite(bad.any())
+        return fold_rows(
+            proposal,
+            bad,
+            anchor,
+            with_confidence=getattr(self.planner, "carries_confidence", False),
+        )
 
     def _fallback(self, reason: str, detail: str, **kw: Any) -> Any:
         self.fallbacks += 1

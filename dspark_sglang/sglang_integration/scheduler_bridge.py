@@ -38,8 +38,16 @@ import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.device_policies import (
+    DeviceLaggedBudgetScheduler,
+    DeviceNoSpeculation,
+    DevicePrefixScheduler,
+    DeviceStaticK,
+    DeviceVerifyAll,
+    device_twin,
+)
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
-from dspark_sglang.sglang_integration import metrics, startup_profile
+from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
 from dspark_sglang.sglang_integration.launch import (
     CONFIG_ENV,
     RAGGED_MODE_ENV,
@@ -51,12 +59,23 @@ from dspark_sglang.sglang_integration.verify_tier import fit_to_budget
 logger = logging.getLogger(__name__)
 
 #: Debug/test aid: append every decision (the confidences the policy was given and the
-#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only.
+#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only. Writing it
+#: reads those tensors back to the host every step (a sync): the only per-step read of
+#: ours, and only when this is set; leave it unset in production.
 DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 DECIDER_ATTR = "dspark_moe_decider"
 PLANNER_METHOD = (
     "sglang.srt.speculative.dspark_components.dspark_planner."
     "DSparkVerifyPlanner._schedule_verify_lens"
+)
+
+
+_DEVICE_POLICIES = (
+    DeviceLaggedBudgetScheduler,
+    DeviceNoSpeculation,
+    DevicePrefixScheduler,
+    DeviceStaticK,
+    DeviceVerifyAll,
 )
 
 
@@ -66,6 +85,13 @@ class VerifyDecider:
 
     Invariant: returns int32 ``verify_lens [N]`` with ``1 <= verify_len <= B + 1``
     (the anchor is always verified), as SGLang's layout requires.
+
+    No host synchronisation: the policy is the device twin of the configured one
+    (``device_policies.device_twin``, built once on the worker's device), the
+    decision-time metric is host wall time of the call (``perf_counter``, not a
+    device read) and the budget histogram is accumulated on the device
+    (``step_metrics``, flushed with the step result). Only the decision log
+    (``DSPARK_DECISION_LOG``, a debug aid) reads values back, and only when set.
     """
 
     config: SchedulerConfig
@@ -73,16 +99,27 @@ class VerifyDecider:
     decision_log: Path | None = None
     #: Only TP rank 0 records metrics and the decision log (every rank decides the same).
     records: bool = True
+    device: torch.device | str = "cpu"
+    #: Device accumulator of the budget histogram (``None``: not recorded).
+    step_metrics: metrics.StepMetrics | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, _DEVICE_POLICIES):
+            self.policy = device_twin(self.policy, self.device)
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Decide drafts per request from this step's confidences ``[N, B]``."""
         t0 = time.perf_counter()
-        given = confidence.detach().float().cpu().clamp(0.0, 1.0)
-        drafts = self.policy.decide(given)
-        lens = (drafts.clamp(0, confidence.shape[1]) + 1).to(torch.int32)
+        with sync_probe.sync_free("VerifyDecider.verify_lens"):
+            given = confidence.detach().float().clamp(0.0, 1.0)
+            drafts = self.policy.decide(given)
+            lens = (drafts.clamp(0, confidence.shape[1]) + 1).to(device=device, dtype=torch.int32)
+            if self.records and self.step_metrics is not None:
+                self.step_metrics.observe_budget(lens)
         if self.records:
-            metrics.observe_decision(time.perf_counter() - t0, int(lens.sum()))
+            metrics.observe_decision_seconds(time.perf_counter() - t0)
         if self.records and self.decision_log is not None:
+            # Debug aid only: these reads sync, and happen only with DSPARK_DECISION_LOG set.
             row = {
                 "policy": self.policy.name,
                 "confidence": given.tolist(),
@@ -90,10 +127,12 @@ class VerifyDecider:
             }
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
-        return lens.to(device)
+        return lens
 
     def log_used(self, cap_lens: torch.Tensor | None) -> None:
-        """Record the verify lengths SGLang's verify actually used (``cap_lens``)."""
+        """Record the verify lengths SGLang's verify actually used (``cap_lens``).
+
+        Reads ``cap_lens`` back (a sync), so only with ``DSPARK_DECISION_LOG`` set."""
         if self.records and self.decision_log is not None:
             used = None if cap_lens is None else cap_lens.cpu().tolist()
             with self.decision_log.open("a", encoding="utf-8") as f:
@@ -112,6 +151,8 @@ def load_decider(
     *,
     tp_rank: int = 0,
     profile: Callable[[SchedulerConfig], SpsCostTable] | None = None,
+    device: torch.device | str = "cpu",
+    step_metrics: metrics.StepMetrics | None = None,
 ) -> VerifyDecider | None:
     """The decider ``DSPARK_SCHEDULER_CONFIG`` asks for, or ``None`` (SGLang decides).
 
@@ -142,8 +183,14 @@ def load_decider(
                 f"{path}: the config asks for a start-up cost table; no profiler given"
             )
         table = profile(cfg)
-    policy = policy_from_config(cfg, cost_model=table)
-    decider = VerifyDecider(cfg, policy, Path(log) if log else None, records)
+    decider = VerifyDecider(
+        cfg,
+        policy_from_config(cfg, cost_model=table),
+        Path(log) if log else None,
+        records,
+        device=device,
+        step_metrics=step_metrics if records else None,
+    )
     info = {
         "policy": decider.policy.name,
         "sla_tier": cfg.sla_name,
@@ -175,32 +222,42 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
     """AROUND hook on ``DSparkVerifyPlanner._schedule_verify_lens`` (see module doc).
 
     SGLang returns ``None`` (verify the whole block) without confidences; so do we.
-    After a drafter fault (``fallback.FORCE_PLAIN_ATTR``) every request verifies
-    only its anchor, whoever decides otherwise. In compact mode our lengths are
-    trimmed to the step's CUDA-graph token tier (``verify_tier.fit_to_budget``).
+    After a drafter exception (``fallback.FORCE_PLAIN_ATTR``) every request verifies
+    only its anchor, whoever decides otherwise; rows the fault guard folded for
+    non-finite output (``fallback.PLAIN_ROWS_ATTR``) verify only theirs (``torch.where``).
+    In compact mode our lengths are trimmed to the step's CUDA-graph token tier
+    (``verify_tier.fit_to_budget``).
     The lengths go through SGLang's TP sync so all ranks verify the same layout.
     """
     from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-    from dspark_sglang.sglang_integration.fallback import FORCE_PLAIN_ATTR
+    from dspark_sglang.sglang_integration.fallback import FORCE_PLAIN_ATTR, PLAIN_ROWS_ATTR
 
     if getattr(planner, FORCE_PLAIN_ATTR, False):
-        # A drafter fault this step: verify the anchor only (plain decoding).
+        # A drafter exception this step: verify the anchor only (plain decoding).
         n = int(kw["req_pool_indices"].shape[0])
         lens = torch.ones(n, dtype=torch.int32, device=kw["device"])
         planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
         return lens
     decider: VerifyDecider | None = getattr(planner, DECIDER_ATTR, None)
     confidence = kw.get("confidence")
-    if decider is None or confidence is None:
-        return original(planner, **kw)
-    lens = decider.verify_lens(confidence, kw["device"])
-    if planner.is_compact_mode:
+    ours = decider is not None and confidence is not None
+    lens = decider.verify_lens(confidence, kw["device"]) if ours else original(planner, **kw)
+    if ours and planner.is_compact_mode:
         # The CUDA-graph tier is sized from SGLang's budget, not from our lengths.
-        lens = fit_to_budget(
-            lens, confidence, kw.get("budget"), planner._schedule_cfg.min_verify_len
-        )
-    planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
+        with sync_probe.sync_free("schedule_verify_lens_hook.fit_to_budget"):
+            lens = fit_to_budget(
+                lens, confidence, kw.get("budget"), planner._schedule_cfg.min_verify_len
+            )
+    plain_rows = getattr(planner, PLAIN_ROWS_ATTR, None)
+    if lens is not None and plain_rows is not None:
+        # Non-finite drafter rows (fallback.fold_rows): anchor only, on the device.
+        with sync_probe.sync_free("schedule_verify_lens_hook.plain_rows"):
+            rows = plain_rows[: lens.shape[0]].to(lens.device)
+            lens = torch.where(rows, torch.ones_like(lens), lens)
+        ours = True
+    if ours and lens is not None:
+        planner._tp_sync.sync(SpecTpSyncSite.DSPARK_PLAN, lens)
     return lens
 
 

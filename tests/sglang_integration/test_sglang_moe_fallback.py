@@ -1,11 +1,17 @@
-"""The fallback pieces without an engine: fault detection and the placeholder proposal."""
+"""The fallback pieces without an engine: fault detection and the placeholder proposal.
+
+Contract: a raising drafter turns the whole step into plain decoding (host path,
+``FORCE_PLAIN_ATTR``); non-finite output is per *row*: only the affected requests
+get the placeholder, folded on the device (``PLAIN_ROWS_ATTR``), with no host read.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from host_sync_guard import host_syncs_raise
 
-from dspark_sglang.sglang_integration import fallback
+from dspark_sglang.sglang_integration import fallback, metrics
 
 dspark_draft = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_draft")
 
@@ -26,17 +32,68 @@ def test_placeholder_proposal_drafts_the_anchor_with_zero_confidence() -> None:
     assert p.draft_block_ids[:, 0].tolist() == [5, 7]
     assert p.draft_block.greedy_draft and p.draft_block.corrected_logits is None
     assert p.confidence is not None and float(p.confidence.abs().sum()) == 0.0
-    assert fallback.non_finite_reason(p) is None
+    assert fallback.non_finite_rows(p, 2).tolist() == [False, False]
 
 
-def test_non_finite_confidence_is_detected() -> None:
+def test_non_finite_rows_are_detected_per_request() -> None:
     import msgspec
 
     p = _proposal(torch.zeros(1))
-    bad = msgspec.structs.replace(p, confidence=torch.tensor([[0.5, float("nan"), 0.1]] * 2))
-    assert fallback.non_finite_reason(bad) == "non_finite"
-    inf = msgspec.structs.replace(p, confidence=torch.tensor([[0.5, float("inf"), 0.1]] * 2))
-    assert fallback.non_finite_reason(inf) == "non_finite"
+    bad = msgspec.structs.replace(
+        p, confidence=torch.tensor([[0.5, float("nan"), 0.1], [0.5, 0.5, 0.5]])
+    )
+    assert fallback.non_finite_rows(bad, 2).tolist() == [True, False]
+    inf = msgspec.structs.replace(
+        p, confidence=torch.tensor([[0.5, 0.5, 0.1], [0.5, float("inf"), 0.1]])
+    )
+    assert fallback.non_finite_rows(inf, 2).tolist() == [False, True]
+
+
+def _sampled_proposal() -> object:
+    """Two requests, 3 drafts each, with draft logits (a sampling drafter)."""
+    import msgspec
+
+    p = _proposal(torch.zeros(1))
+    logits = torch.randn(2, 3, 10)
+    logits[1, 2, 4] = float("nan")  # request 1's last draft position is broken
+    block = msgspec.structs.replace(
+        p.draft_block,
+        draft_tokens=torch.tensor([[1, 2, 3], [4, 5, 6]]),
+        corrected_logits=logits,
+        greedy_draft=False,
+    )
+    return msgspec.structs.replace(
+        p,
+        draft_block=block,
+        confidence=torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]),
+        verify_ids=torch.tensor([[5, 1, 2, 3], [7, 4, 5, 6]]),
+    )
+
+
+def test_fold_replaces_only_the_non_finite_rows_without_host_reads() -> None:
+    """Row 1 has a NaN draft logit: it becomes the placeholder (drafts = anchor,
+    confidence 0, one-hot draft distribution on the anchor); row 0 is untouched; the
+    planner is told to verify row 1's anchor only. All of it under the sync trap."""
+    p = _sampled_proposal()
+
+    class DraftInput:
+        bonus_tokens = torch.tensor([[5], [7]])
+
+    acc = metrics.StepMetrics(3)
+    planner = _Planner()
+    guard = fallback.GuardedPropose(lambda **kw: p, object(), planner, 3, step_metrics=acc)
+    with host_syncs_raise("GuardedPropose.fold"):
+        out = guard(bs=2, draft_input=DraftInput(), sampling_info=None)
+    assert getattr(planner, fallback.PLAIN_ROWS_ATTR).tolist() == [False, True]
+    assert out.draft_block.draft_tokens.tolist() == [[1, 2, 3], [7, 7, 7]]
+    assert out.verify_ids.tolist() == [[5, 1, 2, 3], [7, 7, 7, 7]]
+    assert out.confidence.tolist()[1] == [0.0, 0.0, 0.0]
+    assert out.confidence[0].tolist() == pytest.approx([0.9, 0.8, 0.7])
+    assert torch.equal(out.draft_block.corrected_logits[0], p.draft_block.corrected_logits[0])
+    probs = torch.softmax(out.draft_block.corrected_logits[1], dim=-1)
+    assert torch.equal(probs, torch.nn.functional.one_hot(torch.tensor([7] * 3), 10).float())
+    assert guard.fallbacks == 0  # no host fallback: the fold handled it
+    assert acc.non_finite.tolist() == [1]
 
 
 class _Planner:
@@ -65,8 +122,8 @@ def test_guard_turns_a_raising_drafter_into_plain_decoding(monkeypatch: pytest.M
 def test_nan_injection_falls_back_in_every_ragged_mode(
     monkeypatch: pytest.MonkeyPatch, with_confidence: bool
 ) -> None:
-    """NaN injection must turn into a fallback even where proposals carry no confidences
-    (SGLang's static ragged mode) and no draft logits (a greedy draft block)."""
+    """NaN injection must turn into plain-decoding rows even where proposals carry no
+    confidences (SGLang's static ragged mode) and no draft logits (a greedy block)."""
     monkeypatch.setenv(fallback.FAULT_EVERY_ENV, "2")
     monkeypatch.setenv(fallback.FAULT_MODE_ENV, "nan")
 
@@ -77,8 +134,16 @@ def test_nan_injection_falls_back_in_every_ragged_mode(
     planner.carries_confidence = with_confidence
     healthy = _proposal(torch.zeros(1) if with_confidence else None)
     assert (healthy.confidence is None) is not with_confidence
-    guard = fallback.GuardedPropose(lambda **kw: healthy, object(), planner, gamma=3)
-    outs = [guard(bs=2, draft_input=DraftInput(), sampling_info=None) for _ in range(6)]
-    assert guard.fallbacks == 3  # steps 2, 4, 6
-    assert outs[0] is healthy and outs[1] is not healthy
-    assert getattr(planner, fallback.FORCE_PLAIN_ATTR) is True
+    acc = metrics.StepMetrics(3)
+    guard = fallback.GuardedPropose(
+        lambda **kw: healthy, object(), planner, gamma=3, step_metrics=acc
+    )
+    outs, plain = [], []
+    for _ in range(6):
+        outs.append(guard(bs=2, draft_input=DraftInput(), sampling_info=None))
+        plain.append(getattr(planner, fallback.PLAIN_ROWS_ATTR).tolist())
+    assert acc.non_finite.tolist() == [3]  # steps 2, 4, 6
+    assert plain == [[False, False], [True, True]] * 3
+    assert outs[1].draft_block.draft_tokens.tolist() == [[11, 11, 11], [12, 12, 12]]
+    assert (outs[1].confidence is None) is not with_confidence
+    assert guard.fallbacks == 0
