@@ -118,14 +118,21 @@ def test_the_policy_schedules_with_the_profiled_table(tmp_path: Path) -> None:
     assert startup_profile.requested(env) == cfg
     seen: list[SchedulerConfig] = []
 
+    tables: list[SpsCostTable] = []
+
     def profile(c: SchedulerConfig) -> SpsCostTable:
         seen.append(c)
-        return build_table(dev.make_step, verify_cap(c, 8), clock=dev.clock)
+        tables.append(build_table(dev.make_step, verify_cap(c, 8), clock=dev.clock))
+        return tables[-1]
 
     decider = scheduler_bridge.load_decider(4, env=env, profile=profile)
     assert decider is not None and seen == [cfg]
-    table = decider.policy.cost_model  # type: ignore[attr-defined]
-    assert isinstance(table, SpsCostTable) and table.sample_batch_tokens == probe_points(40)
+    # The decider runs the device twin of the policy, built on the measured table.
+    (table,) = tables
+    assert table.sample_batch_tokens == probe_points(40)
+    dev_table = decider.policy.table  # type: ignore[attr-defined]
+    assert dev_table._probes.tolist() == list(table.sample_batch_tokens)
+    assert dev_table._rates.tolist() == list(table.sample_steps_per_sec)
 
 
 def test_a_table_from_the_config_is_not_profiled(tmp_path: Path) -> None:
