@@ -111,6 +111,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error or non-finite output turns that step into plain
       decoding instead of failing the batch.
+    * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
+      a decode round (``round_profile``); unset, nothing is wrapped.
     """
 
     verify_policy: VerifyPolicy | None = None
@@ -121,7 +123,12 @@ class DSparkMoeWorker(DSparkWorkerV2):
         # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
         moe_draft_model.register_model_class()
         super().__init__(*args, **kwargs)
-        from dspark_sglang.sglang_integration import fallback, metrics, scheduler_bridge
+        from dspark_sglang.sglang_integration import (
+            fallback,
+            metrics,
+            round_profile,
+            scheduler_bridge,
+        )
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
         from sglang.srt.runtime_context import get_parallel
@@ -144,12 +151,14 @@ class DSparkMoeWorker(DSparkWorkerV2):
         decider = scheduler_bridge.load_decider(
             int(self.gamma), tp_rank=int(get_parallel().tp_rank)
         )
-        if decider is None:
-            return
-        setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
-        self.verify_policy = decider.policy.decide
-        if decider.config.sts_path:
-            self._apply_sts(decider.config.sts_path)
+        if decider is not None:
+            setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
+            self.verify_policy = decider.policy.decide
+            if decider.config.sts_path:
+                self._apply_sts(decider.config.sts_path)
+        # Profiling aid (DSPARK_PROFILE_ROUNDS); wraps nothing when it is unset. Last, so
+        # that it times the fault guard around ``propose`` too.
+        round_profile.instrument_worker(self)
 
     def _apply_sts(self, path: str) -> None:
         """Set the confidence head's STS temperatures (``load_decider`` validated the file)."""
@@ -163,13 +172,20 @@ class DSparkMoeWorker(DSparkWorkerV2):
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from dspark_sglang.sglang_integration import fallback, metrics
+        from dspark_sglang.sglang_integration import fallback
 
         try:
             result = super()._forward_decode(batch, *args, **kwargs)
         finally:
             # A fallback forces "anchor only" for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
+        self._observe_round(result)
+        return result
+
+    def _observe_round(self, result: Any) -> None:
+        """Feed one decode round's outcome to our metrics and the decision log."""
+        from dspark_sglang.sglang_integration import metrics
+
         accept = getattr(result, "accept_lens", None)
         if self._dspark_records and accept is not None and accept.numel() > 0:
             cap = result.cap_lens
@@ -182,7 +198,6 @@ class DSparkMoeWorker(DSparkWorkerV2):
             decider = getattr(self._verify_planner, "dspark_moe_decider", None)
             if decider is not None:
                 decider.log_used(result.cap_lens)
-        return result
 
 
 def _worker_factory(server_args: Any) -> type[DSparkMoeWorker]:
