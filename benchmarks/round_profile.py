@@ -15,7 +15,7 @@ at a time, as ``dspark-sglang demo --engine sglang`` runs them:
   accept, hidden-state commit into the draft KV, observers and metrics), and every plain
   decode step of the plain engine (``TpModelWorker.forward_batch_generation`` on a decode
   batch). Execution on CPU is synchronous, so wall time per phase is its compute.
-* One plain engine, then one DSPARK_MOE engine (never both alive: they would share the
+* One DSPARK_MOE engine, then one plain engine (never both alive: they would share the
   cores); each gets an untimed warm-up request, then ``--repeats`` timed passes over
   the prompts; only a pass's steps count (two snapshots of the running totals,
   subtracted). Repeat ``r`` pairs pass ``r`` of both engines. One engine per kind, not
@@ -54,6 +54,9 @@ from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.sglang_integration import round_profile as rp
 
 ENGINES = ("plain", "dspark_moe")
+#: Start order: DSPARK_MOE first, so that a start-up failure (it needs more memory) costs
+#: no plain pass.
+START_ORDER = ("dspark_moe", "plain")
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -280,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--static-k", type=int, default=None, help="drafts for --policy static")
     ap.add_argument("--cost-table", type=Path, default=None, help="for --policy prefix/lagged")
     ap.add_argument("--sts", type=Path, default=None, help="STS file (default: the drafter's)")
+    ap.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=0.15,
+        help="SGLang's share of RAM for weights + KV pool (0.08, the CPU default, "
+        "is refused by DSPARK_MOE when other jobs hold memory)",
+    )
     ap.add_argument("--tolerance", type=float, default=0.05, help="max unattributed share")
     ap.add_argument("--label", default="before", help="stored as the result's label")
     ap.add_argument("--seed", type=int, default=0)
@@ -296,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (the first token comes from prefill)")
+    if not 0 < args.mem_fraction_static < 1:
+        ap.error(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
     if not 0 < args.tolerance < 1:
         ap.error(f"--tolerance must be a fraction in (0, 1), got {args.tolerance}")
     if args.policy is None and (args.static_k, args.cost_table) != (None, None):
@@ -328,7 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"round_profile: {args.drafter} holds no drafter checkpoint")
         _, tokenizer = _target_spec(plan.model_path)
         warmup = tokenizer("Hello", add_special_tokens=False)["input_ids"]
-        base = {"host": "127.0.0.1", "log_level": "error", "dtype": args.dtype}
+        base = {
+            "host": "127.0.0.1",
+            "log_level": "error",
+            "dtype": args.dtype,
+            "mem_fraction_static": args.mem_fraction_static,
+        }
         specs = {
             "plain": (base, {}),
             "dspark_moe": (
@@ -352,10 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sampling": "greedy, EOS ignored",
                 "dtype": args.dtype,
                 "threads": args.threads,
+                "mem_fraction_static": args.mem_fraction_static,
                 "policy": args.policy or "SGLang's own decision (ragged verify mode static)",
                 "repeats": args.repeats,
                 "tolerance": args.tolerance,
-                "order": "one plain engine, then one DSPARK_MOE engine (never both alive); "
+                "order": "one DSPARK_MOE engine, then one plain engine (never both alive); "
                 "each: an untimed warm-up request (8 tokens), then --repeats timed passes "
                 "over the prompts; repeat r pairs pass r of both engines",
                 "profiling": f"{rp.ENV} (dspark_sglang/sglang_integration/round_profile.py)",
@@ -368,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats: list[dict[str, Any]] = []
         identical: list[int] = []
         passes: dict[str, list[dict[str, Any]]] = {}
-        for name in ENGINES:
+        for name in START_ORDER:
             overrides, env = specs[name]
             path = Path(tmp) / f"{name}.json"
             spec = CpuEngineSpec(
