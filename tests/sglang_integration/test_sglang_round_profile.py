@@ -301,6 +301,7 @@ def test_cli_rejects_bad_flags_before_starting_anything(capsys: pytest.CaptureFi
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--new-tokens", "1"], "--new-tokens must be >= 2"),
         (["--tolerance", "2"], "--tolerance must be a fraction"),
+        (["--mem-fraction-static", "0"], "--mem-fraction-static must be in (0, 1)"),
         (["--static-k", "2"], "give --policy too"),
         (["--policy", "nope"], "invalid choice"),
     ):
