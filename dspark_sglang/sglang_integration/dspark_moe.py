@@ -126,6 +126,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error turns that step, and non-finite output the affected
       rows (on the device), into plain decoding instead of failing the batch.
+    * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
+      a decode round (``round_profile``); unset, nothing is wrapped.
     """
 
     verify_policy: VerifyPolicy | None = None
@@ -137,7 +139,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         moe_draft_model.register_model_class()
         _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
         super().__init__(*args, **kwargs)
-        from dspark_sglang.sglang_integration import fallback, metrics
+        from dspark_sglang.sglang_integration import fallback, metrics, round_profile
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
         from sglang.srt.runtime_context import get_parallel
@@ -177,6 +179,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
             sts = load_sts(pending.sts_path)
             check_sts_block_size(sts.block_size, int(self.gamma), f"sts_path={pending.sts_path}")
             self._apply_sts(pending.sts_path)
+        # Profiling aid (DSPARK_PROFILE_ROUNDS); wraps nothing when it is unset. Last, so
+        # that it times the fault guard around ``propose`` too.
+        round_profile.instrument_worker(self)
 
     def init_cuda_graphs(self) -> None:
         """SGLang's graph capture, then our start-up cost table and policy (if pending)."""
@@ -227,7 +232,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from dspark_sglang.sglang_integration import fallback, sync_probe
+        from dspark_sglang.sglang_integration import fallback
 
         try:
             result = super()._forward_decode(batch, *args, **kwargs)
@@ -235,6 +240,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
             # A fallback forces "anchor only" for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
             setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
+        self._observe_round(result)
+        return result
+
+    def _observe_round(self, result: Any) -> None:
+        """Feed one decode round's outcome to our metrics and the decision log."""
+        from dspark_sglang.sglang_integration import sync_probe
+
         accept = getattr(result, "accept_lens", None)
         step_metrics = self._dspark_metrics
         if step_metrics is not None and accept is not None and accept.numel() > 0:
@@ -250,7 +262,6 @@ class DSparkMoeWorker(DSparkWorkerV2):
             decider = getattr(self._verify_planner, "dspark_moe_decider", None)
             if decider is not None:
                 decider.log_used(result.cap_lens)  # syncs only with DSPARK_DECISION_LOG set
-        return result
 
     @staticmethod
     def _attach_metrics_flush(result: Any, step_metrics: Any) -> None:

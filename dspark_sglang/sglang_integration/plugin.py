@@ -22,6 +22,7 @@ def install() -> None:
         draft_checkpoint,
         dspark_moe,
         requests,
+        round_profile,
         scheduler_bridge,
     )
 
@@ -32,3 +33,5 @@ def install() -> None:
     dspark_moe.register()
     scheduler_bridge.install()
     requests.install()
+    # Profiling aid: registers its timing hooks only when DSPARK_PROFILE_ROUNDS is set.
+    round_profile.install()

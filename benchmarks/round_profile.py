@@ -1,0 +1,442 @@
+"""Where a DSPARK_MOE decode round spends its time, next to a plain decode step (SGLang CPU).
+
+What is measured, in SGLang's real CPU engine (``sglang_integration.engine``), one engine
+at a time, as ``dspark-sglang demo --engine sglang`` runs them:
+
+* Target SmolLM2-135M-Instruct; drafter: the embedded one
+  (``dspark_sglang/assets/drafters/smollm2/``, or ``--drafter``); prompts: the demo's
+  GSM8K chats (``data.demo_prompts``), sent one at a time (batch 1), greedy,
+  ``--new-tokens`` each with EOS ignored; ``--dtype`` (default bfloat16), ``--threads``
+  OpenMP threads; verify lengths by SGLang's own decision unless ``--policy`` names ours.
+* Inside each engine's scheduler process the profiling aid
+  ``DSPARK_PROFILE_ROUNDS`` (``sglang_integration/round_profile.py``) times every decode
+  round of DSPARK_MOE phase by phase (draft backbone forward, draft LM head, Markov
+  sequential loop, confidence head, budget and policy decision, target verify forward,
+  accept, hidden-state commit into the draft KV, observers and metrics), and every plain
+  decode step of the plain engine (``TpModelWorker.forward_batch_generation`` on a decode
+  batch). Execution on CPU is synchronous, so wall time per phase is its compute.
+* One DSPARK_MOE engine, then one plain engine (never both alive: they would share the
+  cores); each gets an untimed warm-up request, then ``--repeats`` timed passes over
+  the prompts; only a pass's steps count (two snapshots of the running totals,
+  subtracted). Repeat ``r`` pairs pass ``r`` of both engines. One engine per kind, not
+  one per repeat: a CPU engine start costs about a minute, several under load. Later
+  passes hit the radix cache for the prompt's prefill, which no decode step depends on.
+
+Reported per phase: mean ms per round, share of the round, and the same in plain decode
+steps; the round / plain step ratio; accepted tokens per round (SGLang's
+``spec_verify_ct``) and so the round's break-even. Median and range over ``--repeats``.
+The rows add up to the round by construction; the ``unattributed remainder`` row is what
+no wrapper saw, and the run checks it stays within ``--tolerance`` of the round (printed
+and stored as ``sanity``). The plain and DSPARK_MOE outputs must be token-identical
+(greedy verification is lossless); the count is stored.
+
+Usage: ``python benchmarks/round_profile.py [--num-prompts 4] [--new-tokens 80]
+[--repeats 3] [--dtype bfloat16] [--policy NAME] [--label before] [--out FILE]``.
+Without ``--out`` the JSON goes to a fresh run folder; the committed result is
+``--out benchmarks/results/round_profile.json``. Shared machines are noisy: the JSON
+records the load average; read shares and ratios, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dspark_sglang.results import default_out, dump_json, software_versions
+from dspark_sglang.scheduling.config import POLICIES
+from dspark_sglang.sglang_integration import round_profile as rp
+
+ENGINES = ("plain", "dspark_moe")
+#: Start order: DSPARK_MOE first, so that a start-up failure (it needs more memory) costs
+#: no plain pass.
+START_ORDER = ("dspark_moe", "plain")
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median and range of one figure over the repeats."""
+    if not values:
+        raise ValueError("no values to summarise")
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def repeat_result(
+    plain: Mapping[str, Mapping[str, float]],
+    spec: Mapping[str, Mapping[str, float]],
+    *,
+    spec_tokens: int,
+    verify_rounds: int,
+) -> dict[str, Any]:
+    """One repeat: the DSPARK_MOE round summary, the plain step, and their ratio.
+
+    ``plain`` and ``spec`` are :func:`round_profile.delta`\\ s of the two engines;
+    ``spec_tokens`` / ``verify_rounds`` are SGLang's counts for the same requests.
+    """
+    summary = rp.summarize(spec)
+    step_ms, steps = rp.plain_step_ms(plain)
+    for row in summary["phases"]:
+        row["plain_steps"] = row["ms_per_round"] / step_ms
+    tokens_per_round = spec_tokens / verify_rounds if verify_rounds else float("nan")
+    ratio = summary["round_ms"] / step_ms
+    return {
+        **summary,
+        "plain_step_ms": step_ms,
+        "plain_steps": steps,
+        "round_over_plain_step": ratio,
+        "verify_model_forward_over_plain_step": summary["verify_model_forward_ms_per_round"]
+        / step_ms,
+        "tokens_per_round": tokens_per_round,
+        # Tokens per unit of plain-step time: > 1 means the round pays for itself.
+        "tokens_per_round_over_ratio": tokens_per_round / ratio,
+    }
+
+
+def combine(repeats: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str, Any]:
+    """Median and range over repeats of every figure, and the sanity verdict.
+
+    Sanity: in every repeat the unattributed remainder is within ``tolerance`` (a
+    fraction) of the round, and the rows add up to the round (floating point aside).
+    """
+    if not repeats:
+        raise ValueError("no repeats to combine")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"--tolerance must be a fraction in (0, 1), got {tolerance}")
+    names = [row["phase"] for row in repeats[0]["phases"]]
+    phases = []
+    for i, name in enumerate(names):
+        rows = [r["phases"][i] for r in repeats]
+        if any(row["phase"] != name for row in rows):
+            raise ValueError(f"repeats list their phases in different orders at {name!r}")
+        phases.append(
+            {
+                "phase": name,
+                "group": rows[0]["group"],
+                "label": rows[0]["label"],
+                "wraps": rows[0]["wraps"],
+                **{
+                    key: spread([row[key] for row in rows])
+                    for key in ("ms_per_round", "share", "plain_steps")
+                },
+            }
+        )
+    groups: dict[str, list[float]] = {}
+    for r in repeats:
+        per: dict[str, float] = {}
+        for row in r["phases"]:
+            per[row["group"]] = per.get(row["group"], 0.0) + row["share"]
+        for g, share in per.items():
+            groups.setdefault(g, []).append(share)
+    unattributed = [
+        next(row["share"] for row in r["phases"] if row["phase"] == "unattributed") for r in repeats
+    ]
+    sums = [sum(row["ms_per_round"] for row in r["phases"]) / r["round_ms"] for r in repeats]
+    figures = (
+        "round_ms",
+        "plain_step_ms",
+        "round_over_plain_step",
+        "verify_model_forward_ms_per_round",
+        "verify_model_forward_over_plain_step",
+        "tokens_per_round",
+        "tokens_per_round_over_ratio",
+    )
+    return {
+        "phases": phases,
+        "group_share": {g: spread(v) for g, v in groups.items()},
+        **{key: spread([r[key] for r in repeats]) for key in figures},
+        "sanity": {
+            "tolerance": tolerance,
+            "unattributed_share": spread(unattributed),
+            "rows_sum_over_round": spread(sums),
+            "ok": all(abs(u) <= tolerance for u in unattributed)
+            and all(abs(s - 1.0) < 1e-9 for s in sums),
+        },
+    }
+
+
+def _rng(s: Mapping[str, float], fmt: str) -> str:
+    return f"{format(s['min'], fmt)}-{format(s['max'], fmt)}"
+
+
+def table(combined: Mapping[str, Any]) -> str:
+    """The printed table: one row per phase, then the round, the plain step, the ratio."""
+    head = (
+        f"{'phase':<42} {'group':<24} {'ms/round':>9} {'range':>13} {'share':>7} "
+        f"{'plain steps':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for p in combined["phases"]:
+        ms, share, steps = p["ms_per_round"], p["share"], p["plain_steps"]
+        lines.append(
+            f"{p['label']:<42} {p['group']:<24} {ms['median']:>9.2f} {_rng(ms, '.2f'):>13} "
+            f"{100 * share['median']:>6.1f}% {steps['median']:>11.2f}"
+        )
+    lines.append("-" * len(head))
+    r, s = combined["round_ms"], combined["plain_step_ms"]
+    ratio = combined["round_over_plain_step"]
+    lines.append(
+        f"{'DSPARK_MOE round':<42} {'':<24} {r['median']:>9.2f} {_rng(r, '.2f'):>13} "
+        f"{'100.0%':>7} {ratio['median']:>11.2f}"
+    )
+    lines.append(
+        f"{'plain decode step':<42} {'':<24} {s['median']:>9.2f} {_rng(s, '.2f'):>13} "
+        f"{'':>7} {1.0:>11.2f}"
+    )
+    lines.append("")
+    for g, share in combined["group_share"].items():
+        lines.append(f"group {g:<28} {100 * share['median']:>6.1f}% of the round")
+    t, b = combined["tokens_per_round"], combined["tokens_per_round_over_ratio"]
+    lines.append(
+        f"round / plain step {ratio['median']:.2f} (range {_rng(ratio, '.2f')}); tokens per "
+        f"round {t['median']:.2f}; tokens per plain-step time {b['median']:.2f}"
+    )
+    v = combined["verify_model_forward_over_plain_step"]
+    lines.append(
+        f"target model forward inside verify: {v['median']:.2f} plain steps "
+        "(part of the target verify forward row)"
+    )
+    sanity = combined["sanity"]
+    u = sanity["unattributed_share"]
+    lines.append(
+        f"sanity: unattributed {100 * u['median']:.2f}% of the round (range "
+        f"{100 * u['min']:.2f}-{100 * u['max']:.2f}%), tolerance "
+        f"{100 * sanity['tolerance']:.0f}%: {'ok' if sanity['ok'] else 'FAILED'}"
+    )
+    return "\n".join(lines)
+
+
+def settled_snapshot(path: Path, *, quiet_s: float = 0.3, timeout_s: float = 10.0) -> dict:
+    """The snapshot once it stops changing (a step still in flight lands first)."""
+    last = rp.read_snapshot(path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = rp.read_snapshot(path)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def run_engine(
+    spec: Any,
+    path: Path,
+    prompts: Sequence[Sequence[int]],
+    warmup: Sequence[int],
+    new: int,
+    passes: int,
+    console: Any,
+) -> list[dict[str, Any]]:
+    """Start one engine with profiling into ``path``; ``passes`` timed passes over the
+    prompts, one request at a time, each its own snapshot difference."""
+    from dspark_sglang.sglang_integration.demo import EngineRun
+    from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
+
+    label = spec.overrides.get("speculative_algorithm", "plain")
+    out = []
+    t0 = time.perf_counter()
+    with cpu_engine(spec) as engine:
+        startup = round(time.perf_counter() - t0, 1)
+        generate_outputs(engine, [list(warmup)], 8)  # untimed: first-call set-up
+        for k in range(passes):
+            before = settled_snapshot(path)
+            t0 = time.perf_counter()
+            outputs = [generate_outputs(engine, [list(p)], new)[0] for p in prompts]
+            wall = time.perf_counter() - t0
+            after = settled_snapshot(path)
+            out.append(
+                {
+                    "delta": rp.delta(before, after),
+                    "wall_s": wall,
+                    "startup_s": startup,
+                    "run": EngineRun.from_outputs(label, outputs, wall),
+                }
+            )
+            console.print(
+                f"{label}: pass {k + 1}/{passes} {wall:.1f} s (engine start-up {startup} s)",
+                highlight=False,
+            )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=80)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1, help="OpenMP threads per scheduler")
+    ap.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
+    ap.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=None,
+        help="our verify policy (default: SGLang's own decision)",
+    )
+    ap.add_argument("--static-k", type=int, default=None, help="drafts for --policy static")
+    ap.add_argument("--cost-table", type=Path, default=None, help="for --policy prefix/lagged")
+    ap.add_argument("--sts", type=Path, default=None, help="STS file (default: the drafter's)")
+    ap.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=0.15,
+        help="SGLang's share of RAM for weights + KV pool (0.08, the CPU default, "
+        "is refused by DSPARK_MOE when other jobs hold memory)",
+    )
+    ap.add_argument("--tolerance", type=float, default=0.05, help="max unattributed share")
+    ap.add_argument("--label", default="before", help="stored as the result's label")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: round_profile.json in a fresh run folder, "
+        "<cache>/runs/bench/round_profile-<UTC time>/)",
+    )
+    args = ap.parse_args(argv)
+    for name in ("num_prompts", "new_tokens", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.new_tokens < 2:
+        ap.error("--new-tokens must be >= 2 (the first token comes from prefill)")
+    if not 0 < args.mem_fraction_static < 1:
+        ap.error(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
+    if not 0 < args.tolerance < 1:
+        ap.error(f"--tolerance must be a fraction in (0, 1), got {args.tolerance}")
+    if args.policy is None and (args.static_k, args.cost_table) != (None, None):
+        ap.error("--static-k / --cost-table feed our policy: give --policy too")
+
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
+    from rich.console import Console
+
+    from dspark_sglang.sglang_integration.demo import _target_spec, plan_demo
+    from dspark_sglang.sglang_integration.engine import CpuEngineSpec
+    from dspark_sglang.sglang_integration.launch import scheduler_env
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+    console = Console(stderr=True)
+    model_path = Path(ensure_smollm2())
+    with tempfile.TemporaryDirectory(prefix="round_profile-") as tmp:
+        demo_args = argparse.Namespace(
+            drafter=args.drafter,
+            seed=args.seed,
+            policy=args.policy,
+            sts=args.sts if args.policy else None,
+            cost_table=args.cost_table,
+            static_k=args.static_k,
+            num_prompts=args.num_prompts,
+            max_new_tokens=args.new_tokens,
+            threads=args.threads,
+        )
+        plan = plan_demo(demo_args, model_path, args.drafter, Path(tmp), console)
+        if not plan.trained:
+            raise SystemExit(f"round_profile: {args.drafter} holds no drafter checkpoint")
+        _, tokenizer = _target_spec(plan.model_path)
+        warmup = tokenizer("Hello", add_special_tokens=False)["input_ids"]
+        base = {
+            "host": "127.0.0.1",
+            "log_level": "error",
+            "dtype": args.dtype,
+            "mem_fraction_static": args.mem_fraction_static,
+        }
+        specs = {
+            "plain": (base, {}),
+            "dspark_moe": (
+                {
+                    **base,
+                    "speculative_algorithm": "DSPARK_MOE",
+                    "speculative_draft_model_path": str(plan.drafter_dir),
+                },
+                scheduler_env(plan.scheduler_config),
+            ),
+        }
+        result: dict[str, Any] = {
+            "label": args.label,
+            "settings": {
+                "target": "smollm2 (SmolLM2-135M-Instruct)",
+                "drafter": str(plan.drafter_dir),
+                "prompts": f"demo chats (data.demo_prompts), {len(plan.prompts)} prompts, "
+                "one request at a time (batch 1)",
+                "prompt_tokens": [len(p) for p in plan.prompts],
+                "new_tokens": args.new_tokens,
+                "sampling": "greedy, EOS ignored",
+                "dtype": args.dtype,
+                "threads": args.threads,
+                "mem_fraction_static": args.mem_fraction_static,
+                "policy": args.policy or "SGLang's own decision (ragged verify mode static)",
+                "repeats": args.repeats,
+                "tolerance": args.tolerance,
+                "order": "one DSPARK_MOE engine, then one plain engine (never both alive); "
+                "each: an untimed warm-up request (8 tokens), then --repeats timed passes "
+                "over the prompts; repeat r pairs pass r of both engines",
+                "profiling": f"{rp.ENV} (dspark_sglang/sglang_integration/round_profile.py)",
+                "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
+            },
+            "versions": {**software_versions(), "sglang": md.version("sglang")},
+            "loadavg_start": os.getloadavg(),
+        }
+        raw: list[dict[str, Any]] = []
+        repeats: list[dict[str, Any]] = []
+        identical: list[int] = []
+        passes: dict[str, list[dict[str, Any]]] = {}
+        for name in START_ORDER:
+            overrides, env = specs[name]
+            path = Path(tmp) / f"{name}.json"
+            spec = CpuEngineSpec(
+                model_path=str(plan.model_path),
+                overrides=overrides,
+                env={**env, rp.ENV: str(path)},
+                omp_threads=args.threads,
+            )
+            passes[name] = run_engine(
+                spec, path, plan.prompts, warmup, args.new_tokens, args.repeats, console
+            )
+        for rep in range(args.repeats):
+            runs = {name: passes[name][rep] for name in ENGINES}
+            spec_run = runs["dspark_moe"]["run"]
+            same = sum(
+                a == b for a, b in zip(runs["plain"]["run"].outputs, spec_run.outputs, strict=True)
+            )
+            identical.append(same)
+            repeats.append(
+                repeat_result(
+                    runs["plain"]["delta"],
+                    runs["dspark_moe"]["delta"],
+                    spec_tokens=spec_run.num_tokens,
+                    verify_rounds=spec_run.verify_rounds,
+                )
+            )
+            raw.append(
+                {
+                    name: {
+                        "timers": runs[name]["delta"],
+                        "wall_s": runs[name]["wall_s"],
+                        "engine_startup_s": runs[name]["startup_s"],
+                        "tokens": runs[name]["run"].num_tokens,
+                        "verify_rounds": runs[name]["run"].verify_rounds,
+                    }
+                    for name in ENGINES
+                }
+            )
+    result["loadavg_end"] = os.getloadavg()
+    result["identical_outputs"] = {"prompts": len(plan.prompts), "per_repeat": identical}
+    result["repeats"] = repeats
+    result["raw"] = raw
+    result["summary"] = combined = combine(repeats, args.tolerance)
+    print(table(combined))
+    print(f"identical greedy outputs, plain vs DSPARK_MOE: {identical} of {len(plan.prompts)}")
+    out = args.out or default_out("round_profile", "round_profile.json")
+    print(f"wrote {dump_json(out, result)}")
+    lossless = all(n == len(plan.prompts) for n in identical)
+    return 0 if combined["sanity"]["ok"] and lossless else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
