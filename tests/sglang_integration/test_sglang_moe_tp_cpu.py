@@ -52,7 +52,9 @@ def tp2_moe_outputs(
             "tp_size": 2,
             "speculative_algorithm": "DSPARK_MOE",
             "speculative_draft_model_path": str(folder),
-            "enable_metrics": True,
+            # No enable_metrics: a second in-process engine with it collides with
+            # test_sglang_moe_scheduler's in SGLang's own registry (sglang:startup_*);
+            # PROMETHEUS_MULTIPROC_DIR alone puts our metrics in the directory.
         },
         # One core per rank (SGLang's CPU TP needs an explicit binding).
         env={
