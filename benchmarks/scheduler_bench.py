@@ -83,11 +83,12 @@ def policies(table: SpsCostTable) -> list[SchedulingPolicy]:
 class SglangPlannerDecision(SchedulingPolicy):
     """SGLang 0.5.23's per-step DSpark planner decision, called standalone on the CPU.
 
-    ``DSparkVerifyPlanner`` itself cannot be built outside a running server: its
-    constructor reads the server arguments from SGLang's runtime context (``get_spec()``
-    raises "config namespace 'spec' not published"), and a step also needs the model
-    runner's request pool (``req_generation``), the draft model's confidence head and
-    the TP sync. So this calls what the planner calls each step:
+    Building ``DSparkVerifyPlanner`` itself needs a published runtime context (its
+    constructor reads the server arguments) and stand-ins for the model runner's
+    request pool, the draft model's confidence head and the TP sync
+    (``tests/sglang_integration/test_sglang_verify_tier.py`` builds one that way), and
+    its ``schedule_layout`` adds the ragged layout around the decision. So this times
+    the decision alone, with SGLang's own classes, as the planner makes it each step:
     ``HostConfidenceBudgetPlanner.compute_budget`` on the confidences of two steps ago
     (the overlap relay ring's lag, no carry ring) and ``ScheduleVerifyLensTopk.execute``
     on the current ones (its torch path on CPU tensors). Until two steps of history
