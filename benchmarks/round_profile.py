@@ -334,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_prompts=args.num_prompts,
             max_new_tokens=args.new_tokens,
             threads=args.threads,
+            dtype=args.dtype,
         )
         plan = plan_demo(demo_args, model_path, args.drafter, Path(tmp), console)
         if not plan.trained:
