@@ -52,6 +52,11 @@ __all__ = [
 CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
 #: SGLang's ragged-verify switch.
 RAGGED_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+#: Debug/test aid: append every decision (the confidences the policy was given and the
+#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only. Writing it
+#: reads those tensors back to the host every step (a sync): the only per-step read of
+#: ours, and only when this is set; leave it unset in production.
+DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 #: The STS calibration that travels with a drafter checkpoint.
 STS_FILENAME = "sts.json"
 #: Where the chart's values set the block size (named in errors chart users see).

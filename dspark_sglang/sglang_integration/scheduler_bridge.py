@@ -50,6 +50,7 @@ from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_conf
 from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
 from dspark_sglang.sglang_integration.launch import (
     CONFIG_ENV,
+    DECISION_LOG_ENV,
     RAGGED_MODE_ENV,
     check_config,
     check_sts_block_size,
@@ -58,11 +59,6 @@ from dspark_sglang.sglang_integration.verify_tier import fit_to_budget
 
 logger = logging.getLogger(__name__)
 
-#: Debug/test aid: append every decision (the confidences the policy was given and the
-#: verify lengths SGLang received) as JSON lines; written by TP rank 0 only. Writing it
-#: reads those tensors back to the host every step (a sync): the only per-step read of
-#: ours, and only when this is set; leave it unset in production.
-DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 DECIDER_ATTR = "dspark_moe_decider"
 PLANNER_METHOD = (
     "sglang.srt.speculative.dspark_components.dspark_planner."

@@ -201,7 +201,7 @@ def clock_for(device: str) -> Callable[[], float]:
 
 def table_path(env: dict[str, str]) -> Path | None:
     """Where the table is written: :data:`TABLE_PATH_ENV`, else beside the decision log."""
-    from dspark_sglang.sglang_integration.scheduler_bridge import DECISION_LOG_ENV
+    from dspark_sglang.sglang_integration.launch import DECISION_LOG_ENV
 
     if env.get(TABLE_PATH_ENV):
         return Path(env[TABLE_PATH_ENV])

@@ -49,7 +49,7 @@ from rendered_tier import (
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.policies import policy_from_config
-from dspark_sglang.sglang_integration.scheduler_bridge import DECISION_LOG_ENV
+from dspark_sglang.sglang_integration.launch import DECISION_LOG_ENV
 from dspark_sglang.sglang_integration.server import RunningServer, server_process
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.helm]
