@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,23 +46,29 @@ class HostSyncError(AssertionError):
 
 
 @contextlib.contextmanager
-def host_syncs_raise(where: str = "code that must not sync") -> Iterator[None]:
-    """Within the block, every method in ``SYNC_METHODS`` raises ``HostSyncError``."""
+def _patched(wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Within the block, ``torch.Tensor.<name>`` is ``wrap(name, original)`` for every
+    name in ``SYNC_METHODS``; the originals are restored on exit."""
     saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    try:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, wrap(name, original))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
-    def trap(name: str) -> Any:
+
+def host_syncs_raise(where: str = "code that must not sync") -> contextlib.AbstractContextManager:
+    """Within the block, every method in ``SYNC_METHODS`` raises ``HostSyncError``."""
+
+    def trap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def raiser(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             raise HostSyncError(f"Tensor.{name}() called inside {where}")
 
         return raiser
 
-    try:
-        for name in SYNC_METHODS:
-            setattr(torch.Tensor, name, trap(name))
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+    return _patched(trap)
 
 
 def _report(path: str, row: dict[str, Any]) -> None:
@@ -70,28 +76,18 @@ def _report(path: str, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-@contextlib.contextmanager
-def host_syncs_reported(where: str, found: list[str]) -> Iterator[None]:
+def host_syncs_reported(where: str, found: list[str]) -> contextlib.AbstractContextManager:
     """Within the block, every method in ``SYNC_METHODS`` appends its name to ``found``
     and then runs as usual (the step completes, the caller reports the reads)."""
-    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
 
-    def trap(name: str) -> Any:
-        original = saved[name]
-
+    def trap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def recorder(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             found.append(f"Tensor.{name}() called inside {where}")
             return original(self, *args, **kwargs)
 
         return recorder
 
-    try:
-        for name in SYNC_METHODS:
-            setattr(torch.Tensor, name, trap(name))
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+    return _patched(trap)
 
 
 @contextlib.contextmanager
