@@ -343,7 +343,7 @@ def test_panels_the_runbooks_name_exist() -> None:
 
 def test_units_and_positions_match_what_the_metrics_count() -> None:
     """Fallbacks and rounds both count decode steps, and so do alert, panels and runbook;
-    draft positions are 1-based (``PositionAcceptance``), so no text says position 0."""
+    draft positions are 1-based (``metrics.StepMetrics``), so no text says position 0."""
     fams = worker_metric_families()
     assert "decode steps" in fams["dspark_fallback"].documentation.lower()
     assert "decode steps" in fams["dspark_rounds"].documentation.lower()
