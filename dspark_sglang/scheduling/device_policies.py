@@ -334,12 +334,25 @@ class DeviceNoSpeculation(NoSpeculation):
         return torch.zeros(n, dtype=_I64, device=confidence.device)
 
 
+#: The policies that already run on the device (``device_twin`` returns them as they are).
+DEVICE_POLICIES: tuple[type[SchedulingPolicy], ...] = (
+    DevicePrefixScheduler,
+    DeviceLaggedBudgetScheduler,
+    DeviceStaticK,
+    DeviceVerifyAll,
+    DeviceNoSpeculation,
+)
+
+
 def device_twin(policy: SchedulingPolicy, device: torch.device | str = "cpu") -> SchedulingPolicy:
     """The device version of a host policy, with its settings (e.g. ``policy_from_config``'s).
 
     ``PrefixScheduler``/``LaggedBudgetScheduler`` need an ``SpsCostTable`` or
-    ``SpsAdditiveCostTable`` as their cost model (it is copied to ``device``).
+    ``SpsAdditiveCostTable`` as their cost model (it is copied to ``device``). A policy
+    that is already a device policy is returned as it is.
     """
+    if isinstance(policy, DEVICE_POLICIES):
+        return policy
     if isinstance(policy, PrefixScheduler):
         return DevicePrefixScheduler(policy.cost_model, policy.max_verify_tokens, device=device)
     if isinstance(policy, LaggedBudgetScheduler):

@@ -38,14 +38,7 @@ import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.cost_table import SpsCostTable
-from dspark_sglang.scheduling.device_policies import (
-    DeviceLaggedBudgetScheduler,
-    DeviceNoSpeculation,
-    DevicePrefixScheduler,
-    DeviceStaticK,
-    DeviceVerifyAll,
-    device_twin,
-)
+from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
 from dspark_sglang.sglang_integration.launch import (
@@ -63,15 +56,6 @@ DECIDER_ATTR = "dspark_moe_decider"
 PLANNER_METHOD = (
     "sglang.srt.speculative.dspark_components.dspark_planner."
     "DSparkVerifyPlanner._schedule_verify_lens"
-)
-
-
-_DEVICE_POLICIES = (
-    DeviceLaggedBudgetScheduler,
-    DeviceNoSpeculation,
-    DevicePrefixScheduler,
-    DeviceStaticK,
-    DeviceVerifyAll,
 )
 
 
@@ -100,8 +84,7 @@ class VerifyDecider:
     step_metrics: metrics.StepMetrics | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.policy, _DEVICE_POLICIES):
-            self.policy = device_twin(self.policy, self.device)
+        self.policy = device_twin(self.policy, self.device)
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Decide drafts per request from this step's confidences ``[N, B]``."""
