@@ -133,7 +133,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         Serve only greedy requests (temperature 0, or top_k 1): the server
         refuses sampled requests with HTTP 400 naming this setting
         (``sglang_integration.requests``), so such a tier never runs rejection
-        sampling.
+        sampling. It also turns on SGLang's argmax draft
+        (``SGLANG_DSPARK_USE_GREEDY_DRAFT``, see ``greedy_draft``).
 
     Admission (``--max-running-requests``) and the per-user speed target are
     SGLang server arguments and alert thresholds, not scheduler settings; the
@@ -234,6 +235,20 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         (``dspark.raggedVerifyMode``).
         """
         return "static" if self.policy == "verify_all" else "cap-accept"
+
+    @property
+    def greedy_draft(self) -> bool:
+        """Whether SGLang drafts by argmax (``SGLANG_DSPARK_USE_GREEDY_DRAFT``): ``greedy_only``.
+
+        An argmax draft skips the drafter's sampling (no per-step noise, no kept
+        ``[batch, block, vocab]`` step logits), which makes every round cheaper,
+        and it stays lossless: greedy verify compares tokens only, and rejection
+        sampling against a one-hot draft accepts at the target's probability of
+        the drafted token. For sampled requests that is usually lower acceptance
+        than a sampled draft, so it is on exactly for tiers that refuse them. The
+        Helm chart renders the same rule (``dspark.greedyDraft``).
+        """
+        return self.greedy_only
 
     @property
     def max_verify_len(self) -> int:

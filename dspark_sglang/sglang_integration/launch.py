@@ -10,6 +10,9 @@ benchmarks, the tests), so none of them types a number twice or checks it its ow
   (``scheduling.config.num_draft_tokens``, ``SchedulerConfig.num_draft_tokens``);
 * ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy
   (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`);
+* ``SGLANG_DSPARK_USE_GREEDY_DRAFT`` (SGLang's argmax draft) is on exactly for
+  tiers that serve greedy requests only (``SchedulerConfig.greedy_draft``,
+  :func:`scheduler_env`);
 * the drafter folder's STS file is :data:`STS_FILENAME`;
 * a drafter whose attention heads cannot be split evenly over the tensor-parallel
   ranks is refused on devices that do not pad heads (:func:`check_draft_heads`).
@@ -17,13 +20,15 @@ benchmarks, the tests), so none of them types a number twice or checks it its ow
 :func:`check_server_args` runs in SGLang's server-argument resolution (our
 algorithm's ``handle_server_args``), before SGLang's own DSpark checks, so a
 mismatch is refused with the value to change rather than SGLang's generic
-``gamma + 1`` message. The Helm chart renders both settings from
-``slaTiers[].scheduler`` (``dspark.numDraftTokens``, ``dspark.raggedVerifyMode``).
+``gamma + 1`` message. The Helm chart renders these settings from
+``slaTiers[].scheduler`` (``dspark.numDraftTokens``, ``dspark.raggedVerifyMode``,
+``dspark.greedyDraft``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +38,7 @@ from dspark_sglang.scheduling.config import num_draft_tokens as draft_tokens_for
 
 __all__ = [
     "CONFIG_ENV",
+    "GREEDY_DRAFT_ENV",
     "RAGGED_MODE_ENV",
     "STS_FILENAME",
     "LaunchError",
@@ -44,6 +50,7 @@ __all__ = [
     "check_sts_block_size",
     "drafter_block_size",
     "drafter_heads",
+    "greedy_draft_note",
     "is_dspark_moe_drafter",
     "scheduler_env",
 ]
@@ -52,6 +59,8 @@ __all__ = [
 CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
 #: SGLang's ragged-verify switch.
 RAGGED_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+#: SGLang's argmax-draft switch (DSpark workers; a boolean, default off).
+GREEDY_DRAFT_ENV = "SGLANG_DSPARK_USE_GREEDY_DRAFT"
 #: Debug/test aid: append every decision (the confidences the policy was given and the
 #: verify lengths SGLang received) as JSON lines; written by TP rank 0 only. Writing it
 #: reads those tensors back to the host every step (a sync): the only per-step read of
@@ -61,6 +70,8 @@ DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 STS_FILENAME = "sts.json"
 #: Where the chart's values set the block size (named in errors chart users see).
 CHART_BLOCK_SIZE = "slaTiers[].scheduler.blockSize"
+
+logger = logging.getLogger(__name__)
 
 
 class LaunchError(ValueError):
@@ -237,17 +248,69 @@ def check_sts_block_size(sts_block_size: int, block_size: int, source: str) -> N
         )
 
 
+def greedy_draft_note(cfg: SchedulerConfig, env: Mapping[str, str], source: str) -> str | None:
+    """What to tell an operator whose ``SGLANG_DSPARK_USE_GREEDY_DRAFT`` is not the config's
+    rule (``SchedulerConfig.greedy_draft``), or None when it is.
+
+    Neither way is refused: verification is lossless under either draft. An argmax
+    draft on a tier that serves sampled requests usually accepts fewer drafts; a
+    sampling draft on a greedy-only tier pays for sampling it does not need. A value
+    SGLang cannot read as a boolean is refused here, naming the variable.
+    """
+    value = env.get(GREEDY_DRAFT_ENV)
+    on = False
+    if value is not None:
+        from sglang.srt.environ import envs
+
+        try:
+            on = envs.SGLANG_DSPARK_USE_GREEDY_DRAFT.parse(value)
+        except ValueError as exc:
+            raise LaunchError(f"{GREEDY_DRAFT_ENV}={value!r}: {exc}; set 1 or 0") from exc
+    if on == cfg.greedy_draft:
+        return None
+    if on:
+        return (
+            f"{GREEDY_DRAFT_ENV}={value} drafts by argmax, but {CONFIG_ENV}={source} serves "
+            "sampled requests too (greedy_only: false): still lossless, but sampled requests "
+            f"usually accept fewer drafts; unset {GREEDY_DRAFT_ENV} unless all traffic is greedy"
+        )
+    return (
+        f"{CONFIG_ENV}={source} serves greedy requests only (greedy_only: true) but "
+        f"{GREEDY_DRAFT_ENV} is off, so the drafter samples drafts it does not need; set "
+        f"{GREEDY_DRAFT_ENV}=1 (the Helm chart does) for cheaper rounds"
+    )
+
+
 def check_config(
     cfg: SchedulerConfig, source: str, block_size: int, env: Mapping[str, str]
 ) -> None:
-    """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong."""
+    """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong;
+    log a draft switch that is not the config's (:func:`greedy_draft_note`)."""
     check_block_size(cfg, source, block_size)
     check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), source)
+    note = greedy_draft_note(cfg, env, source)
+    if note:
+        logger.warning("%s", note)
 
 
-def scheduler_env(config_path: str | Path | None) -> dict[str, str]:
-    """Environment for a DSPARK_MOE server: SGLang's own decision, or the config's policy."""
+def scheduler_env(config_path: str | Path | None, *, greedy_draft: bool = False) -> dict[str, str]:
+    """Environment for a DSPARK_MOE server: SGLang's own decision, or the config's policy.
+
+    ``SGLANG_DSPARK_USE_GREEDY_DRAFT`` is the config's ``greedy_draft`` (its
+    ``greedy_only``). Without a config, ``greedy_draft=True`` is for a caller that
+    knows every request it sends is greedy; with one, the config decides and
+    ``greedy_draft=True`` on a ``greedy_only: false`` config is refused.
+    """
     if config_path is None:
-        return {RAGGED_MODE_ENV: "static"}
+        return {RAGGED_MODE_ENV: "static", GREEDY_DRAFT_ENV: "1" if greedy_draft else "0"}
     cfg = SchedulerConfig.load(config_path)
-    return {RAGGED_MODE_ENV: cfg.ragged_verify_mode, CONFIG_ENV: str(config_path)}
+    if greedy_draft and not cfg.greedy_draft:
+        raise LaunchError(
+            f"greedy_draft=True, but {config_path} has greedy_only: false (sampled requests "
+            "allowed); set greedy_only: true in it, which turns the argmax draft on"
+        )
+    return {
+        RAGGED_MODE_ENV: cfg.ragged_verify_mode,
+        GREEDY_DRAFT_ENV: "1" if cfg.greedy_draft else "0",
+        CONFIG_ENV: str(config_path),
+    }

@@ -110,6 +110,20 @@ def test_sglang_settings_derive_from_the_policy(policy: str) -> None:
     assert c.ragged_verify_mode == ("static" if policy == "verify_all" else "cap-accept")
 
 
+@pytest.mark.parametrize("greedy_only", [False, True])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_argmax_draft_exactly_on_greedy_only_tiers(policy: str, greedy_only: bool) -> None:
+    kw: dict[str, object] = {"block_size": 7, "policy": policy, "cost_table_path": "t.json"}
+    if policy == "static":
+        kw["static_k"] = 3
+    c = SchedulerConfig.from_dict({**kw, "greedy_only": greedy_only})
+    assert c.greedy_draft is greedy_only
+    # Derived, not a key of its own: a config file cannot set it apart from greedy_only.
+    assert "greedy_draft" not in c.to_dict()
+    with pytest.raises(ConfigError, match="unknown key"):
+        SchedulerConfig.from_dict({**kw, "greedy_draft": True})
+
+
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(ConfigError, match=r"static_k must be <= block_size \(4 > 2\)"):
         SchedulerConfig(block_size=2, policy="static", static_k=4)

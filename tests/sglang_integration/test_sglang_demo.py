@@ -76,7 +76,10 @@ def _drafter_dir(tmp_path: Path, block_size: int, sts_block: int | None) -> Path
 def test_without_policy_sglang_decides(tmp_path: Path) -> None:
     quiet = Console(quiet=True)
     assert write_scheduler_config(_args(), _drafter_dir(tmp_path, 7, 7), tmp_path, quiet) is None
-    assert scheduler_env(None) == {"SGLANG_RAGGED_VERIFY_MODE": "static"}
+    assert scheduler_env(None) == {
+        "SGLANG_RAGGED_VERIFY_MODE": "static",
+        "SGLANG_DSPARK_USE_GREEDY_DRAFT": "0",
+    }
 
 
 def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path) -> None:
@@ -88,8 +91,11 @@ def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path)
     cfg = SchedulerConfig.load(path)
     assert (cfg.policy, cfg.static_k, cfg.block_size) == ("static", 2, 5)
     assert cfg.sts_path == str((drafter / STS_FILENAME).resolve())
-    env = scheduler_env(path)
-    assert env == {"SGLANG_RAGGED_VERIFY_MODE": "cap-accept", "DSPARK_SCHEDULER_CONFIG": str(path)}
+    assert scheduler_env(path) == {
+        "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
+        "SGLANG_DSPARK_USE_GREEDY_DRAFT": "0",
+        "DSPARK_SCHEDULER_CONFIG": str(path),
+    }
 
 
 def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:

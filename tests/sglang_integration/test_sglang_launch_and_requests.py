@@ -49,8 +49,71 @@ def test_scheduler_config_must_fit_the_drafter_and_the_mode(tmp_path: Path) -> N
     # verify_all runs under SGLang's static path; so does a server without our config.
     all_env = {launch.CONFIG_ENV: _config(tmp_path, policy="verify_all")}
     launch.check_server_args(8, str(DRAFTER), all_env)
-    assert launch.scheduler_env(None) == {launch.RAGGED_MODE_ENV: "static"}
+    assert launch.scheduler_env(None) == {
+        launch.RAGGED_MODE_ENV: "static",
+        launch.GREEDY_DRAFT_ENV: "0",
+    }
     assert launch.scheduler_env(env[launch.CONFIG_ENV])[launch.RAGGED_MODE_ENV] == "cap-accept"
+
+
+def test_argmax_draft_is_on_exactly_for_greedy_only_configs(tmp_path: Path) -> None:
+    assert launch.GREEDY_DRAFT_ENV == "SGLANG_DSPARK_USE_GREEDY_DRAFT"
+    sampled, greedy = _config(tmp_path), _config(tmp_path, greedy_only=True)
+    assert launch.scheduler_env(sampled) == {
+        launch.RAGGED_MODE_ENV: "cap-accept",
+        launch.GREEDY_DRAFT_ENV: "0",
+        launch.CONFIG_ENV: sampled,
+    }
+    assert launch.scheduler_env(greedy)[launch.GREEDY_DRAFT_ENV] == "1"
+    assert launch.scheduler_env(greedy, greedy_draft=True)[launch.GREEDY_DRAFT_ENV] == "1"
+    # Without a config only the caller knows its requests are all greedy.
+    assert launch.scheduler_env(None, greedy_draft=True)[launch.GREEDY_DRAFT_ENV] == "1"
+    with pytest.raises(launch.LaunchError, match="has greedy_only: false"):
+        launch.scheduler_env(sampled, greedy_draft=True)
+
+
+@pytest.mark.parametrize(
+    ("greedy_only", "value", "says"),
+    [
+        (False, None, None),
+        (False, "0", None),
+        (True, "1", None),
+        (True, "true", None),
+        (False, "1", "sampled requests usually accept fewer drafts"),
+        (True, None, "the drafter samples drafts it does not need"),
+        (True, "no", "the drafter samples drafts it does not need"),
+    ],
+)
+def test_a_draft_switch_unlike_the_config_is_logged_not_refused(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    greedy_only: bool,
+    value: str | None,
+    says: str | None,
+) -> None:
+    env = {
+        launch.CONFIG_ENV: _config(tmp_path, greedy_only=greedy_only),
+        launch.RAGGED_MODE_ENV: "cap-accept",
+    }
+    if value is not None:
+        env[launch.GREEDY_DRAFT_ENV] = value
+    with caplog.at_level("WARNING", logger=launch.__name__):
+        launch.check_server_args(8, str(DRAFTER), env)  # lossless either way: no refusal
+    logged = [r.getMessage() for r in caplog.records if r.name == launch.__name__]
+    if says is None:
+        assert logged == []
+    else:
+        assert len(logged) == 1 and says in logged[0] and launch.GREEDY_DRAFT_ENV in logged[0]
+
+
+def test_a_draft_switch_sglang_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
+    env = {
+        launch.CONFIG_ENV: _config(tmp_path),
+        launch.RAGGED_MODE_ENV: "cap-accept",
+        launch.GREEDY_DRAFT_ENV: "maybe",
+    }
+    with pytest.raises(launch.LaunchError, match="SGLANG_DSPARK_USE_GREEDY_DRAFT='maybe'"):
+        launch.check_server_args(8, str(DRAFTER), env)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused() -> None:
