@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dspark_sglang.sglang_integration.demo import _target_spec, plan_demo
     from dspark_sglang.sglang_integration.engine import CpuEngineSpec
-    from dspark_sglang.sglang_integration.launch import scheduler_env
+    from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
     from dspark_sglang.targets.smollm2 import ensure_smollm2
 
     console = Console(stderr=True)
@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "speculative_algorithm": "DSPARK_MOE",
                     "speculative_draft_model_path": str(plan.drafter_dir),
                 },
-                scheduler_env(plan.scheduler_config),
+                plan.dspark_env,
             ),
         }
         result: dict[str, Any] = {
@@ -368,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "prompt_tokens": [len(p) for p in plan.prompts],
                 "new_tokens": args.new_tokens,
                 "sampling": "greedy, EOS ignored",
+                "draft": f"{GREEDY_DRAFT_ENV}={plan.dspark_env[GREEDY_DRAFT_ENV]} (as the demo)",
                 "dtype": args.dtype,
                 "threads": args.threads,
                 "mem_fraction_static": args.mem_fraction_static,

@@ -17,6 +17,12 @@ near-tie, anything else is a bug and the demo exits 1. The margins come from
 the plain engine itself: after its timed run, one untimed prefill of each
 prompt plus its plain output with ``return_logprob`` and ``top_logprobs_num=2``.
 
+Every demo request is greedy (``--temperature 0``; the engine refuses others), so
+the DSPARK_MOE engine drafts by argmax: SGLang's ``SGLANG_DSPARK_USE_GREEDY_DRAFT``,
+on through the scheduler config's ``greedy_only`` (``--policy``) or, without one,
+``scheduler_env(..., greedy_draft=True)`` (``DemoPlan.dspark_env``). The drafter then
+skips sampling its drafts, which only costs time when every request is greedy.
+
 Both engines run in one dtype, ``--dtype`` (``auto``: bfloat16 where the CPU
 has native bf16 matrix instructions, else float32; ``cpu_dtype``), and the
 demo prints which and why. The drafter's weights are cast to the engine's
@@ -58,6 +64,7 @@ from dspark_sglang.sglang_integration.greedy_check import (
     top_two_from_sglang,
 )
 from dspark_sglang.sglang_integration.launch import (
+    GREEDY_DRAFT_ENV,
     STS_FILENAME,
     LaunchError,
     check_sts_block_size,
@@ -163,6 +170,16 @@ class DemoPlan:
     scheduler_config: Path | None
     #: The dtype both engines run in, and why.
     dtype: DtypeChoice
+
+    @property
+    def dspark_env(self) -> dict[str, str]:
+        """The DSPARK_MOE engine's environment (``launch.scheduler_env``).
+
+        Every demo request is greedy, so the draft is argmax
+        (``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``): a written config has ``greedy_only``
+        set (``write_scheduler_config``), and without one the demo asks for it.
+        """
+        return scheduler_env(self.scheduler_config, greedy_draft=True)
 
     def __post_init__(self) -> None:
         if not self.prompts or any(len(p) == 0 for p in self.prompts):
@@ -326,7 +343,10 @@ def write_scheduler_config(
 ) -> Path | None:
     """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None).
 
-    ``engine_dtype`` is what the engines run in; a cost table measured in
+    The config sets ``greedy_only``: every demo request is greedy
+    (``check_sglang_flags`` refuses ``--temperature`` above 0), so the tier
+    drafts by argmax (``SchedulerConfig.greedy_draft``). ``engine_dtype`` is
+    what the engines run in; a cost table measured in
     another one is used, with a warning.
     """
     if args.policy is None:
@@ -358,6 +378,7 @@ def write_scheduler_config(
         static_k=args.static_k if args.policy == "static" else None,
         cost_table_path=str(Path(args.cost_table).resolve()) if args.cost_table else None,
         sts_path=str(Path(sts).resolve()) if sts is not None else None,
+        greedy_only=True,
     )
     path = workdir / "scheduler.yaml"
     cfg.save(path)
@@ -579,7 +600,7 @@ def run_sglang_demo(
                 "speculative_algorithm": "DSPARK_MOE",
                 "speculative_draft_model_path": str(plan.drafter_dir),
             },
-            env=scheduler_env(plan.scheduler_config),
+            env=plan.dspark_env,
             omp_threads=plan.omp_threads,
         )
         policy = args.policy or "SGLang default (whole block, ragged mode static)"
@@ -588,6 +609,13 @@ def run_sglang_demo(
             f"({'trained' if plan.trained else 'UNTRAINED'}), {len(plan.prompts)} prompts x "
             f"<= {plan.max_new_tokens} new tokens, greedy, {plan.dtype.dtype}, policy {policy}",
             soft_wrap=True,
+        )
+        console.print(
+            f"draft: argmax ({GREEDY_DRAFT_ENV}={plan.dspark_env[GREEDY_DRAFT_ENV]}), "
+            "because every demo request is greedy: the drafter skips sampling, "
+            "verification stays lossless",
+            soft_wrap=True,
+            highlight=False,
         )
         try:
             plain = run_engine(

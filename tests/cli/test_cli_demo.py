@@ -128,6 +128,8 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     assert rc == 0, out
     assert ("UNTRAINED" in out) != _TRAINED
     assert "identical output at temperature 0: 2/2 prompts" in out
+    # Every demo request is greedy, so DSPARK_MOE drafts by argmax (lossless all the same).
+    assert "draft: argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1)" in out
 
     runs = {
         m["label"]: (int(m["tokens"]), float(m["wall"]), float(m["tps"]))

@@ -16,8 +16,10 @@ from rich.console import Console
 
 from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
 from dspark_sglang.sglang_integration.demo import (
     DemoError,
+    DemoPlan,
     EngineRun,
     cost_table_dtype,
     report,
@@ -73,12 +75,30 @@ def _drafter_dir(tmp_path: Path, block_size: int, sts_block: int | None) -> Path
     return folder
 
 
+def _plan(tmp_path: Path, scheduler_config: Path | None) -> DemoPlan:
+    return DemoPlan(
+        model_path=tmp_path,
+        drafter_dir=tmp_path,
+        trained=True,
+        prompts=((1, 2),),
+        max_new_tokens=4,
+        omp_threads=1,
+        scheduler_config=scheduler_config,
+        dtype=choose_cpu_dtype("float32", None),
+    )
+
+
 def test_without_policy_sglang_decides(tmp_path: Path) -> None:
     quiet = Console(quiet=True)
     assert write_scheduler_config(_args(), _drafter_dir(tmp_path, 7, 7), tmp_path, quiet) is None
     assert scheduler_env(None) == {
         "SGLANG_RAGGED_VERIFY_MODE": "static",
         "SGLANG_DSPARK_USE_GREEDY_DRAFT": "0",
+    }
+    # Every demo request is greedy, so the demo's engine drafts by argmax all the same.
+    assert _plan(tmp_path, None).dspark_env == {
+        "SGLANG_RAGGED_VERIFY_MODE": "static",
+        "SGLANG_DSPARK_USE_GREEDY_DRAFT": "1",
     }
 
 
@@ -91,11 +111,15 @@ def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path)
     cfg = SchedulerConfig.load(path)
     assert (cfg.policy, cfg.static_k, cfg.block_size) == ("static", 2, 5)
     assert cfg.sts_path == str((drafter / STS_FILENAME).resolve())
-    assert scheduler_env(path) == {
+    # The demo sends only greedy requests: its tier is greedy-only, so it drafts by argmax.
+    assert cfg.greedy_only and cfg.greedy_draft
+    env = {
         "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
-        "SGLANG_DSPARK_USE_GREEDY_DRAFT": "0",
+        "SGLANG_DSPARK_USE_GREEDY_DRAFT": "1",
         "DSPARK_SCHEDULER_CONFIG": str(path),
     }
+    assert scheduler_env(path) == env
+    assert _plan(tmp_path, path).dspark_env == env
 
 
 def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:
