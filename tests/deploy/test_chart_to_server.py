@@ -49,7 +49,11 @@ from rendered_tier import (
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.policies import policy_from_config
-from dspark_sglang.sglang_integration.launch import DECISION_LOG_ENV
+from dspark_sglang.sglang_integration.launch import (
+    DECISION_LOG_ENV,
+    GREEDY_DRAFT_ENV,
+    scheduler_env,
+)
 from dspark_sglang.sglang_integration.server import RunningServer, server_process
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.helm]
@@ -62,7 +66,7 @@ STS = "/etc/dspark/sts/sts.json"
 LAUNCHED: tuple[tuple[str, str], ...] = (
     ("values.yaml", "interactive"),
     ("values.yaml", "standard"),
-    ("inline-tables-apikey.yaml", "staging"),  # TP 2 over gloo, API key, greedy-only
+    ("inline-tables-apikey.yaml", "staging"),  # TP 2 over gloo, API key, greedy-only (argmax draft)
     ("jobs-profile-calibrate.yaml", "standard"),
     ("small-model-80-120.yaml", "interactive"),
     ("small-model-80-120.yaml", "standard"),
@@ -297,6 +301,13 @@ def test_bad_token_ids_get_400_and_the_server_stays_up(tier: Tier) -> None:
 def test_greedy_only_and_api_key_as_configured(tier: Tier) -> None:
     sampled = _chat(tier, "Tell me a story.", temperature=1.0, max_tokens=8)
     status, body = tier.post("/v1/chat/completions", sampled)
+    # Greedy-only tiers draft by argmax (the plugin's rule, rendered by the chart).
+    draft = tier.launch.env[GREEDY_DRAFT_ENV]
+    assert (
+        draft
+        == ("1" if tier.config.greedy_draft else "0")
+        == scheduler_env(tier.launch.local(SCHEDULER_YAML))[GREEDY_DRAFT_ENV]
+    )
     if tier.config.greedy_only:
         assert status == 400 and "greedy" in body["message"], body
         refused = _series(tier.get("/metrics"), "dspark_requests_refused_total")

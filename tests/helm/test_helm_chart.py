@@ -382,6 +382,7 @@ def test_each_tier_command_line_carries_its_scheduler_settings(values_file: Path
             cfg = SchedulerConfig.from_dict(rendered)
             assert a["--speculative-num-draft-tokens"] == str(cfg.num_draft_tokens)
             assert env["SGLANG_RAGGED_VERIFY_MODE"] == cfg.ragged_verify_mode
+            assert env["SGLANG_DSPARK_USE_GREEDY_DRAFT"] == ("1" if cfg.greedy_draft else "0")
 
             cost = tier["costTable"]
             cm_name, key = mounted_configmap(spec, c, SPS_PATH)
@@ -750,10 +751,16 @@ def test_good_tier_used_by_bad_value_cases_is_itself_accepted(tmp_path: Path) ->
         assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("greedy_only", [False, True])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_ragged_verify_mode_follows_the_policy(policy: str, tmp_path: Path) -> None:
-    """The chart's policy -> SGLANG_RAGGED_VERIFY_MODE rule is the plugin's, for every policy."""
-    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy}
+def test_sglang_env_follows_the_tier_as_the_plugin_rules(
+    policy: str, greedy_only: bool, tmp_path: Path
+) -> None:
+    """The chart's SGLANG_RAGGED_VERIFY_MODE (from the policy) and SGLANG_DSPARK_USE_GREEDY_DRAFT
+    (from greedyOnly) are what the plugin's ``scheduler_env`` derives from the rendered config."""
+    from dspark_sglang.sglang_integration.launch import scheduler_env
+
+    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy, "greedyOnly": greedy_only}
     if policy != "lagged":
         sched.pop("lagSteps")
     if policy == "static":
@@ -771,8 +778,14 @@ def test_ragged_verify_mode_follows_the_policy(policy: str, tmp_path: Path) -> N
     (cm,) = [
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
     ]
-    cfg = SchedulerConfig.from_dict(yaml.safe_load(cm["data"]["scheduler.yaml"]))
-    assert env["SGLANG_RAGGED_VERIFY_MODE"] == cfg.ragged_verify_mode
+    rendered = tmp_path / "scheduler.yaml"
+    rendered.write_text(cm["data"]["scheduler.yaml"])
+    cfg = SchedulerConfig.load(rendered)
+    assert cfg.greedy_only is greedy_only
+    plugin = scheduler_env(rendered)
+    for name in ("SGLANG_RAGGED_VERIFY_MODE", "SGLANG_DSPARK_USE_GREEDY_DRAFT"):
+        assert env[name] == plugin[name], name
+    assert env["SGLANG_DSPARK_USE_GREEDY_DRAFT"] == ("1" if greedy_only else "0")
 
 
 # --- 5. golden file ------------------------------------------------------------------

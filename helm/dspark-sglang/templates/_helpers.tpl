@@ -233,8 +233,11 @@ What SGLang is told about the drafts, derived from the tier (never typed twice):
 SGLang's --speculative-num-draft-tokens counts the anchor, so it is blockSize + 1;
 SGLANG_RAGGED_VERIFY_MODE is "static" (verify the whole block, SGLang's own path)
 for verify_all and "cap-accept" for every policy that picks per-request verify
-lengths. The plugin holds the same rule (SchedulerConfig.ragged_verify_mode,
-.num_draft_tokens) and refuses a server whose settings disagree with it.
+lengths. SGLANG_DSPARK_USE_GREEDY_DRAFT (SGLang's argmax draft) is "1" exactly for a
+greedyOnly tier: it saves the drafter's sampling and stays lossless, but would lower
+acceptance for sampled requests, which only such a tier refuses. The plugin holds the
+same rules (SchedulerConfig.ragged_verify_mode, .num_draft_tokens, .greedy_draft) and
+refuses a server whose settings disagree with the first two (the third is logged).
 */}}
 {{- define "dspark.numDraftTokens" -}}
 {{- add1 (int .t.scheduler.blockSize) -}}
@@ -242,6 +245,10 @@ lengths. The plugin holds the same rule (SchedulerConfig.ragged_verify_mode,
 
 {{- define "dspark.raggedVerifyMode" -}}
 {{- if eq .t.scheduler.policy "verify_all" -}}static{{- else -}}cap-accept{{- end -}}
+{{- end -}}
+
+{{- define "dspark.greedyDraft" -}}
+{{- if .t.scheduler.greedyOnly -}}1{{- else -}}0{{- end -}}
 {{- end -}}
 
 {{/* Everything a tier's pods read from ConfigMaps this chart owns: its hash rolls the pods. */}}

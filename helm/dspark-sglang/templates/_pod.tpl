@@ -174,6 +174,9 @@ containers:
       # How SGLang verifies the drafts: derived from the tier's policy (dspark.raggedVerifyMode).
       - name: SGLANG_RAGGED_VERIFY_MODE
         value: {{ include "dspark.raggedVerifyMode" . | quote }}
+      # Argmax drafts exactly on greedy-only tiers (dspark.greedyDraft).
+      - name: SGLANG_DSPARK_USE_GREEDY_DRAFT
+        value: {{ include "dspark.greedyDraft" . | quote }}
       # Cheap /health for liveness; readiness uses /health_generate.
       - name: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
         value: "false"
