@@ -441,13 +441,15 @@ def _console() -> Any:
 
 def engine_specs(
     args: argparse.Namespace, all_engines: Sequence[Engine], model_path: Path, dtype: Any, tmp: str
-) -> tuple[dict[str, Any], dict[str, str | None], Path | None]:
-    """``CpuEngineSpec`` per engine label, each policy's scheduler config text, the drafter.
+) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+    """``CpuEngineSpec`` per engine label, each policy's scheduler config, the drafter.
 
     Everything is validated here, before any engine starts (SGLang kills its parent when a
     scheduler dies during start-up): the drafter checkpoint against the target, the STS
     file and cost table of every policy.
     """
+    import yaml
+
     from dspark_sglang.sglang_integration.demo import resolve_drafter, write_scheduler_config
     from dspark_sglang.sglang_integration.engine import CpuEngineSpec
     from dspark_sglang.sglang_integration.launch import scheduler_env
@@ -474,7 +476,7 @@ def engine_specs(
         "random_seed": args.seed,
     }
     specs: dict[str, Any] = {}
-    configs: dict[str, str | None] = {}
+    configs: dict[str, Any] = {}
     for eng in all_engines:
         overrides: dict[str, Any] = dict(base)
         env: dict[str, str] = {}
@@ -488,7 +490,10 @@ def engine_specs(
             workdir = Path(tmp) / str(eng.policy)
             workdir.mkdir()
             config = write_scheduler_config(policy_args, drafter_dir, workdir, console, dtype.dtype)
-            configs[str(eng.policy)] = config.read_text() if config is not None else None
+            # Parsed, so that dump_json makes its paths portable.
+            configs[str(eng.policy)] = (
+                yaml.safe_load(config.read_text()) if config is not None else None
+            )
             overrides["speculative_algorithm"] = DSPARK
             overrides["speculative_draft_model_path"] = str(drafter_dir)
             # SGLang's own decision or the policy's ragged mode and config, and whatever

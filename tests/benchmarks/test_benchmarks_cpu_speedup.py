@@ -260,3 +260,50 @@ def test_bad_flags_exit_2_naming_the_flag(
         bench.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ engine specs
+
+
+@pytest.mark.slow
+def test_engine_specs_share_one_base_and_route_each_policy(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """What each engine would be started with (no engine starts): the same server settings
+    for all, DSPARK_MOE's environment from ``scheduler_env`` alone, our policies through a
+    config with the drafter's STS, ``prefix`` without a table measuring one at start-up."""
+    from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
+    from dspark_sglang.sglang_integration.launch import CONFIG_ENV, scheduler_env
+    from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
+
+    args = bench.parse_args(["--seed", "3", "--threads", "2"])
+    all_engines = bench.engines(args.policies, args.ngram)
+    specs, configs, drafter = bench.engine_specs(
+        args, all_engines, smollm2_path, choose_cpu_dtype("float32", None), str(tmp_path)
+    )
+    assert drafter == DEFAULT_DRAFTER_DIR
+    labels = ["plain", "DSPARK_MOE/sglang", "DSPARK_MOE/mtp1", "DSPARK_MOE/prefix", "NGRAM"]
+    assert list(specs) == labels
+    plain = specs["plain"]
+    assert plain.env == {} and plain.omp_threads == 2
+    assert plain.overrides["random_seed"] == 3 and plain.overrides["dtype"] == "float32"
+    spec_keys = {"speculative_algorithm", "speculative_draft_model_path"}
+    for label, spec in specs.items():
+        assert spec.model_path == str(smollm2_path)
+        common = {k: v for k, v in spec.overrides.items() if k not in spec_keys}
+        assert common == plain.overrides, label
+    assert specs["NGRAM"].overrides["speculative_algorithm"] == "NGRAM"
+    assert "speculative_draft_model_path" not in specs["NGRAM"].overrides
+    assert specs["NGRAM"].env == {}
+    own = specs["DSPARK_MOE/sglang"]
+    assert own.overrides["speculative_draft_model_path"] == str(DEFAULT_DRAFTER_DIR)
+    assert own.env == scheduler_env(None) and configs["sglang"] is None
+    for policy in ("mtp1", "prefix"):
+        env = specs[f"DSPARK_MOE/{policy}"].env
+        assert env == scheduler_env(env[CONFIG_ENV])
+        cfg = SchedulerConfig.load(env[CONFIG_ENV])
+        assert cfg.policy == policy and configs[policy]["policy"] == policy
+        assert cfg.sts_path == str((DEFAULT_DRAFTER_DIR / "sts.json").resolve())
+    prefix = SchedulerConfig.load(specs["DSPARK_MOE/prefix"].env[CONFIG_ENV])
+    assert prefix.cost_table_path is None and prefix.profiles_at_startup
