@@ -27,8 +27,10 @@ temperature > 0 samples with no top-k / top-p, the engines seeded with ``--seed`
 
 Each repeat starts every engine once, one after the other (never two alive: they would
 share the cores), in an order rotated by one engine per repeat; each gets an untimed
-warm-up request per temperature (on a different prompt), then runs every cell. The
-prompts of later cells hit the radix cache for their prefill, in every engine alike.
+warm-up request per temperature (on a different prompt), then runs every cell, set by
+set. Before a set's first cell the engine prefills each of its prompts once, untimed (one
+token each), so every timed cell, the first one too, finds its prompts' prefill in the
+radix cache: the cells time decoding, the part speculation changes.
 
 A row is one cell and one speculative engine, against the plain engine's same cell of the
 same repeat: tokens/s of both, their ratio (per repeat, then median and range over
@@ -539,7 +541,11 @@ def run_engine(
     max_new_tokens: int,
     console: Any,
 ) -> tuple[dict[Cell, Any], float]:
-    """Start one engine, warm it up untimed, run every cell; ``({cell: EngineRun}, start-up s)``."""
+    """Start one engine, warm it up untimed, run every cell; ``({cell: EngineRun}, start-up s)``.
+
+    Before a set's first cell every prompt of the set is prefilled once, untimed (one
+    token each), so every timed cell finds its prompts in the radix cache alike.
+    """
     from dspark_sglang.sglang_integration.demo import EngineRun
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
@@ -549,7 +555,12 @@ def run_engine(
         startup = time.perf_counter() - t0
         for temperature in sorted({c.temperature for c in cells}):
             generate_outputs(engine, [list(warmup)], 8, sampling(temperature))
+        primed: set[str] = set()
         for cell in cells:
+            if cell.prompt_set not in primed:  # untimed: the set's prefills into the radix cache
+                every = [list(p) for p in prompts[cell.prompt_set]]
+                generate_outputs(engine, every, 1)
+                primed.add(cell.prompt_set)
             outputs: list[dict[str, Any]] = []
             wall = 0.0
             for batch in cell_batches(len(prompts[cell.prompt_set]), cell.concurrency):
@@ -614,7 +625,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cell": "concurrency c: ceil(prompts / c) generate calls of exactly c prompts "
                 "(wrapping round); tok/s = tokens / summed wall time of the calls",
                 "order": "each repeat starts every engine once, never two alive, in an order "
-                "rotated by one per repeat; untimed warm-up per temperature, then every cell",
+                "rotated by one per repeat; untimed warm-up per temperature, then every cell; "
+                "before a set's first cell an untimed one-token pass over its prompts puts their "
+                "prefill in the radix cache",
                 "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
             },
             "versions": {**software_versions(), "sglang": md.version("sglang")},

@@ -3,7 +3,11 @@
 Covered without an engine: how a cell splits its prompts into calls of exactly
 ``concurrency`` requests, the rotated engine order, the rows built from per-repeat runs
 (ratio per repeat then median and range, accepted length, the greedy identical verdict,
-the NGRAM note at temperature > 0), the row contract (``check_row``) and the flag checks.
+the NGRAM note at temperature > 0), the row contract (``check_row``), the flag checks, and
+(``slow``: it reads the SmolLM2 target) what every engine would be started with. No test
+starts the engines: even the smallest grid starts three, several minutes on a shared
+2-core machine; run the script with ``--sets gsm8k --prompts-per-cell 1 --concurrency 1
+--temperatures 0 --policies sglang --repeats 1 --max-new-tokens 8`` for that.
 """
 
 from __future__ import annotations
