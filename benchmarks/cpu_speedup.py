@@ -477,6 +477,9 @@ def engine_specs(
         "max_total_tokens": args.max_total_tokens,
         "random_seed": args.seed,
     }
+    # One engine per policy serves every cell, so it drafts by argmax only when every
+    # request of the run is greedy; run temperature 0 on its own to measure that tier.
+    all_greedy = all(t == 0 for t in args.temperatures)
     specs: dict[str, Any] = {}
     configs: dict[str, Any] = {}
     for eng in all_engines:
@@ -491,7 +494,9 @@ def engine_specs(
             )
             workdir = Path(tmp) / str(eng.policy)
             workdir.mkdir()
-            config = write_scheduler_config(policy_args, drafter_dir, workdir, console, dtype.dtype)
+            config = write_scheduler_config(
+                policy_args, drafter_dir, workdir, console, dtype.dtype, greedy_only=all_greedy
+            )
             # Parsed, so that dump_json makes its paths portable.
             configs[str(eng.policy)] = (
                 yaml.safe_load(config.read_text()) if config is not None else None
@@ -500,7 +505,8 @@ def engine_specs(
             overrides["speculative_draft_model_path"] = str(drafter_dir)
             # SGLang's own decision or the policy's ragged mode and config, and whatever
             # else a DSPARK_MOE server needs: scheduler_env is the one place that knows.
-            env = scheduler_env(config)
+            # An all-greedy grid is a greedy-only tier: argmax drafts (greedy_draft).
+            env = scheduler_env(config, greedy_draft=all_greedy)
         elif eng.algorithm == NGRAM:
             overrides["speculative_algorithm"] = NGRAM
         specs[eng.label] = CpuEngineSpec(

@@ -340,12 +340,15 @@ def write_scheduler_config(
     workdir: Path,
     console: Any,
     engine_dtype: str = "float32",
+    *,
+    greedy_only: bool = True,
 ) -> Path | None:
     """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None).
 
-    The config sets ``greedy_only``: every demo request is greedy
+    The config sets ``greedy_only`` (default): every demo request is greedy
     (``check_sglang_flags`` refuses ``--temperature`` above 0), so the tier
-    drafts by argmax (``SchedulerConfig.greedy_draft``). ``engine_dtype`` is
+    drafts by argmax (``SchedulerConfig.greedy_draft``); a caller that also
+    sends sampled requests passes ``greedy_only=False``. ``engine_dtype`` is
     what the engines run in; a cost table measured in
     another one is used, with a warning.
     """
@@ -378,7 +381,7 @@ def write_scheduler_config(
         static_k=args.static_k if args.policy == "static" else None,
         cost_table_path=str(Path(args.cost_table).resolve()) if args.cost_table else None,
         sts_path=str(Path(sts).resolve()) if sts is not None else None,
-        greedy_only=True,
+        greedy_only=greedy_only,
     )
     path = workdir / "scheduler.yaml"
     cfg.save(path)

@@ -278,7 +278,7 @@ def test_engine_specs_share_one_base_and_route_each_policy(
     config with the drafter's STS, ``prefix`` without a table measuring one at start-up."""
     from dspark_sglang.scheduling.config import SchedulerConfig
     from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
-    from dspark_sglang.sglang_integration.launch import CONFIG_ENV, scheduler_env
+    from dspark_sglang.sglang_integration.launch import CONFIG_ENV, GREEDY_DRAFT_ENV, scheduler_env
     from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
     args = bench.parse_args(["--seed", "3", "--threads", "2"])
@@ -311,3 +311,30 @@ def test_engine_specs_share_one_base_and_route_each_policy(
         assert cfg.sts_path == str((DEFAULT_DRAFTER_DIR / "sts.json").resolve())
     prefix = SchedulerConfig.load(specs["DSPARK_MOE/prefix"].env[CONFIG_ENV])
     assert prefix.cost_table_path is None and prefix.profiles_at_startup
+    # The default grid mixes temperatures: one engine per policy samples its drafts.
+    assert all(
+        not SchedulerConfig.load(specs[f"DSPARK_MOE/{p}"].env[CONFIG_ENV]).greedy_only
+        for p in ("mtp1", "prefix")
+    )
+    assert own.env[GREEDY_DRAFT_ENV] == "0"
+
+
+@pytest.mark.slow
+def test_an_all_greedy_grid_runs_greedy_only_tiers_with_argmax_drafts(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """Temperature 0 alone is what a greedy-only tier serves: every DSPARK_MOE engine
+    drafts by argmax, with its policy's config saying greedy_only."""
+    from dspark_sglang.scheduling.config import SchedulerConfig
+    from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
+    from dspark_sglang.sglang_integration.launch import CONFIG_ENV, GREEDY_DRAFT_ENV
+
+    args = bench.parse_args(["--temperatures", "0", "--policies", "sglang", "prefix"])
+    all_engines = bench.engines(args.policies, args.ngram)
+    specs, _, _ = bench.engine_specs(
+        args, all_engines, smollm2_path, choose_cpu_dtype("float32", None), str(tmp_path)
+    )
+    assert specs["DSPARK_MOE/sglang"].env[GREEDY_DRAFT_ENV] == "1"
+    prefix = specs["DSPARK_MOE/prefix"].env
+    assert prefix[GREEDY_DRAFT_ENV] == "1"
+    assert SchedulerConfig.load(prefix[CONFIG_ENV]).greedy_only
