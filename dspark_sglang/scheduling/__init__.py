@@ -15,6 +15,7 @@ from dspark_sglang.scheduling.cost_table import (
     from_probes,
     load_cost_table,
     parse_cost_table,
+    with_fixed_step_cost,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "from_probes",
     "load_cost_table",
     "parse_cost_table",
+    "with_fixed_step_cost",
 ]

@@ -9,6 +9,7 @@ default policy in production.
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 from collections.abc import Mapping
@@ -135,6 +136,18 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         (``sglang_integration.requests``), so such a tier never runs rejection
         sampling. It also turns on SGLang's argmax draft
         (``SGLANG_DSPARK_USE_GREEDY_DRAFT``, see ``greedy_draft``).
+    ``draft_step_seconds`` (float >= 0, seconds, optional; ``prefix`` and ``lagged`` only)
+        Time of one speculative step outside the target's forward (the draft
+        pass), added to the cost table's step time at every batch size
+        (``cost_table.with_fixed_step_cost``): the table profiles the target
+        alone, but every speculative step pays the draft too, whatever the
+        policy then verifies. A number is used as is; ``0`` keeps the
+        target-only model. Unset: on a CPU worker the SGLang worker times the
+        draft pass of the first decode rounds and switches to the table plus
+        their median (``scheduler_bridge.DraftStepTimer``); on a GPU worker
+        nothing is timed (that would synchronise the device every step) and the
+        target-only table is used, so set it from a profile there. Refused for
+        policies that use no cost table (nothing would read it).
 
     Admission (``--max-running-requests``) and the per-user speed target are
     SGLang server arguments and alert thresholds, not scheduler settings; the
@@ -151,6 +164,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     sts_path: str | None = None
     greedy_only: bool = False
     startup_profile: bool | None = None
+    draft_step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # Types are re-checked here because direct construction bypasses msgspec's decoder.
@@ -207,6 +221,28 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
             )
         if not isinstance(self.greedy_only, bool):
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
+        self._check_draft_step_seconds()
+
+    def _check_draft_step_seconds(self) -> None:
+        d = self.draft_step_seconds
+        if d is None:
+            return
+        if isinstance(d, bool) or not isinstance(d, numbers.Real):
+            raise ConfigError(
+                f"draft_step_seconds must be a number of seconds (e.g. 0.012) or omitted, got {d!r}"
+            )
+        if not math.isfinite(float(d)) or float(d) < 0.0:
+            raise ConfigError(
+                f"draft_step_seconds must be finite and >= 0 (seconds per speculative step "
+                f"spent outside the target's forward; 0 for none), got {d!r}"
+            )
+        if self.policy not in NEEDS_COST_TABLE:
+            raise ConfigError(
+                f"draft_step_seconds is only used by policies {list(NEEDS_COST_TABLE)}, which "
+                f"rank drafts against a cost table (policy is {self.policy!r}); remove "
+                "draft_step_seconds or choose one of those policies"
+            )
+        msgspec.structs.force_setattr(self, "draft_step_seconds", float(d))
 
     @property
     def profiles_at_startup(self) -> bool:

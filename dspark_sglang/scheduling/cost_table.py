@@ -28,7 +28,9 @@ refused too, by the bounds ``MAX_BATCH_TOKENS``, ``MAX_STEPS_PER_SEC`` and
 tables hit them).
 
 Both classes offer ``steps_per_sec(num_reqs, batch_tokens)``, the vectorised
-lookup the scheduling policies use (see ``CostModel``).
+lookup the scheduling policies use (see ``CostModel``). ``with_fixed_step_cost``
+adds a fixed time to every step of a table (e.g. the draft pass of a speculative
+step, which the target's profile does not contain).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "from_probes",
     "load_cost_table",
     "parse_cost_table",
+    "with_fixed_step_cost",
 ]
 
 
@@ -445,4 +448,60 @@ def from_probes(
         sample_batch_tokens=tuple(p[0] for p in ordered),
         sample_steps_per_sec=tuple(p[1] for p in ordered),
         max_batch_tokens=ordered[-1][0] if max_batch_tokens is None else max_batch_tokens,
+    )
+
+
+def with_fixed_step_cost(table: CostTable, seconds: float) -> CostTable:
+    """``table`` with ``seconds`` added to the step time at every batch size.
+
+    For a speculative step the target's profile holds only the verify forward; the
+    draft pass runs on top of it every step, so a policy that trades accepted tokens
+    against step time must see ``1 / SPS(b) + seconds``. Returns a table of the same
+    type (same JSON format, same other fields, e.g. ``max_batch_tokens``):
+
+    ``SpsAdditiveCostTable``
+        ``bias_seconds + seconds``. Exact up to float64 rounding: the lookup sums
+        ``(bias + seconds) + alpha + theta`` where the formula reads
+        ``(bias + alpha + theta) + seconds``, so the two step times (and ``SPS``)
+        differ by at most 8 ulps relative (``2**-50``).
+    ``SpsCostTable``
+        each rate ``s -> 1 / (1 / s + seconds)``. Exact, bit for bit: the floor
+        lookup returns the sampled rate of the largest probe ``<= b`` (clamped at
+        both ends) and the transform is applied to exactly that value, so at every
+        batch size the new table gives ``1 / (1 / SPS(b) + seconds)`` computed in
+        float64 from the old ``SPS(b)``.
+
+    ``seconds == 0`` returns ``table`` itself. ``seconds`` must be a finite number in
+    ``[0, MAX_STEP_SECONDS]``; a result the table's own validation refuses (e.g. an
+    additive ``bias_seconds`` above ``MAX_STEP_SECONDS``) raises ``CostTableError``.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise CostTableError(
+            f"with_fixed_step_cost: seconds must be a number (seconds per step), got "
+            f"{seconds!r} ({type(seconds).__name__})"
+        )
+    d = float(seconds)
+    if not (math.isfinite(d) and 0.0 <= d <= MAX_STEP_SECONDS):
+        raise CostTableError(
+            f"with_fixed_step_cost: seconds = {d!r} must be finite and in [0, "
+            f"{MAX_STEP_SECONDS:g}] (MAX_STEP_SECONDS); give the extra time of one step "
+            "in seconds, 0 for none"
+        )
+    if isinstance(table, SpsAdditiveCostTable):
+        if d == 0.0:
+            return table
+        fields = msgspec.structs.asdict(table)
+        fields["bias_seconds"] = table.bias_seconds + d
+        return SpsAdditiveCostTable(**fields)
+    if isinstance(table, SpsCostTable):
+        if d == 0.0:
+            return table
+        fields = msgspec.structs.asdict(table)
+        fields["sample_steps_per_sec"] = tuple(
+            1.0 / (1.0 / s + d) for s in table.sample_steps_per_sec
+        )
+        return SpsCostTable(**fields)
+    raise TypeError(
+        "with_fixed_step_cost needs an SpsCostTable or SpsAdditiveCostTable, got "
+        f"{type(table).__name__}"
     )

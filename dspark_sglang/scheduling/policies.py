@@ -42,7 +42,13 @@ import numpy as np
 import torch
 
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, POLICIES, SchedulerConfig
-from dspark_sglang.scheduling.cost_table import CostModel, load_cost_table
+from dspark_sglang.scheduling.cost_table import (
+    CostModel,
+    SpsAdditiveCostTable,
+    SpsCostTable,
+    load_cost_table,
+    with_fixed_step_cost,
+)
 
 __all__ = [
     "IN_MEMORY_COST_TABLE",
@@ -431,7 +437,9 @@ def policy_from_config(
     it, so every one of them runs the settings the config validated. The cost table
     is loaded from ``cfg.cost_table_path``, or is ``cost_model`` when the caller
     already holds it (then ``cost_table_path`` only says where it came from, e.g.
-    ``IN_MEMORY_COST_TABLE``).
+    ``IN_MEMORY_COST_TABLE``). A ``draft_step_seconds`` number is added to the table's
+    step time (``cost_table.with_fixed_step_cost``); unset, the table is used as it is
+    (the SGLang worker may add a measured value later, ``scheduler_bridge``).
     """
     if cost_model is not None:
         cost: CostModel | None = cost_model
@@ -452,6 +460,14 @@ def policy_from_config(
     if cfg.policy == "static":
         kw["k"] = cfg.static_k
     elif cfg.policy in NEEDS_COST_TABLE:
+        if cfg.draft_step_seconds is not None:
+            if not isinstance(cost, SpsCostTable | SpsAdditiveCostTable):
+                raise TypeError(
+                    f"draft_step_seconds={cfg.draft_step_seconds} needs an SpsCostTable or "
+                    f"SpsAdditiveCostTable to add it to, got {type(cost).__name__}; drop "
+                    "draft_step_seconds or fold the draft time into your cost model"
+                )
+            cost = with_fixed_step_cost(cost, cfg.draft_step_seconds)
         kw["max_verify_tokens"] = cfg.max_verify_tokens
         if cfg.policy == "lagged":
             kw["lag"] = cfg.lag_steps

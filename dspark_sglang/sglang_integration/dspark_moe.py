@@ -126,6 +126,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error turns that step, and non-finite output the affected
       rows (on the device), into plain decoding instead of failing the batch.
+    * Draft cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
+      the first decode rounds' draft passes are timed and their median is added to
+      the cost table (``scheduler_bridge.DraftStepTimer``); never on a GPU.
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """
@@ -216,7 +219,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
         verify_tier.schedule_every_step(
             self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
         )
-        self.verify_policy = decider.policy.decide
+        # Through the decider: its policy is rebuilt once the draft pass is measured.
+        self.verify_policy = lambda confidence: decider.policy.decide(confidence)
+        if decider.times_draft_step and getattr(self, "_proposer", None) is not None:
+            # CPU only: time the first draft passes, then add their median to the table.
+            self._proposer.propose = scheduler_bridge.DraftStepTimer(
+                self._proposer.propose, decider
+            )
         if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
 

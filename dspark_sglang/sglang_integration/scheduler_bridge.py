@@ -20,6 +20,14 @@ length counts the anchor too (``1..B+1``), so ``verify_len = drafts + 1``.
 
 Config: ``DSPARK_SCHEDULER_CONFIG`` names a :class:`SchedulerConfig` YAML/JSON
 file. Unset keeps SGLang's own decision (logged once).
+
+Draft cost: the cost table profiles the target alone, but every speculative step
+also pays the draft pass. The config's ``draft_step_seconds`` adds it to the table
+(``policy_from_config``). Unset, a CPU worker measures it (:class:`DraftStepTimer`:
+host wall time of the first :data:`DRAFT_TIMING_ROUNDS` draft passes, then the
+median is added once); a GPU worker times nothing, because reading a host clock
+around device work would need a synchronisation every step, and logs that the
+target-only table is in use.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +45,13 @@ from typing import Any
 
 import torch
 
-from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import SpsCostTable
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, SchedulerConfig
+from dspark_sglang.scheduling.cost_table import (
+    CostTable,
+    SpsCostTable,
+    load_cost_table,
+    with_fixed_step_cost,
+)
 from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
@@ -82,9 +96,49 @@ class VerifyDecider:
     device: torch.device | str = "cpu"
     #: Device accumulator of the budget histogram (``None``: not recorded).
     step_metrics: metrics.StepMetrics | None = None
+    #: The cost table the policy was built on, as loaded or profiled, before any
+    #: ``draft_step_seconds`` (``None``: the policy uses no table).
+    cost_table: CostTable | None = None
+    #: Draft-pass seconds measured by :class:`DraftStepTimer` (``None``: not measured).
+    measured_draft_step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         self.policy = device_twin(self.policy, self.device)
+
+    @property
+    def times_draft_step(self) -> bool:
+        """Whether the worker should time the draft pass (:class:`DraftStepTimer`).
+
+        Only for a policy with a cost table, without ``draft_step_seconds`` in the
+        config, on a CPU device (there host timing costs no synchronisation).
+        """
+        return (
+            self.cost_table is not None
+            and self.config.draft_step_seconds is None
+            and self.measured_draft_step_seconds is None
+            and torch.device(self.device).type == "cpu"
+        )
+
+    def add_draft_step_seconds(self, seconds: float, rounds: int) -> None:
+        """Rebuild the policy on the cost table plus ``seconds`` per step (once).
+
+        Called by :class:`DraftStepTimer` between two decode rounds, with the median
+        draft time of ``rounds`` earlier rounds; logs the value on one INFO line.
+        """
+        if self.cost_table is None:
+            raise ValueError("add_draft_step_seconds: this decider's policy uses no cost table")
+        table = with_fixed_step_cost(self.cost_table, seconds)
+        self.policy = device_twin(policy_from_config(self.config, cost_model=table), self.device)
+        self.measured_draft_step_seconds = seconds
+        if self.records:
+            logger.info(
+                "DSPARK_MOE: draft pass measured at %.6f s per step (median of %d decode "
+                "rounds); policy %s now adds it to the cost table's step time (set "
+                "draft_step_seconds in the scheduler config to use a fixed value)",
+                seconds,
+                rounds,
+                self.policy.name,
+            )
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Decide drafts per request from this step's confidences ``[N, B]``."""
@@ -116,6 +170,61 @@ class VerifyDecider:
             used = None if cap_lens is None else cap_lens.cpu().tolist()
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"used_verify_lens": used}) + "\n")
+
+
+DRAFT_TIMING_ROUNDS = 8
+"""Decode rounds whose draft pass a CPU worker times before adding the median to the table."""
+
+
+class DraftStepTimer:
+    """The proposer's ``propose`` (the draft pass), timed to measure ``draft_step_seconds``.
+
+    Wraps ``propose`` (outside ``fallback.GuardedPropose``, so the fault guard's fold
+    is counted too) when :attr:`VerifyDecider.times_draft_step` holds. The first
+    ``rounds`` calls are timed with ``clock`` (host wall time; on a CPU worker the
+    work is done when the call returns). At the start of the next call, before that
+    round drafts, the decider rebuilds its policy once on the table plus the median
+    (:meth:`VerifyDecider.add_draft_step_seconds`); after that calls pass straight
+    through. Until then the policy uses the table as loaded.
+
+    Non-anticipating: the switch happens between rounds, from timings of rounds that
+    are already over, so whether a round's verify decision used the updated table
+    depends only on past rounds' timings, never on that round's drafts.
+
+    Under tensor parallelism each rank measures its own median; the verify lengths
+    stay the same on every rank through SGLang's ``DSPARK_PLAN`` broadcast from rank 0
+    (on by default). A deployment that narrows ``SGLANG_SPEC_TP_SYNC`` should set
+    ``draft_step_seconds`` instead.
+    """
+
+    def __init__(
+        self,
+        propose: Callable[..., Any],
+        decider: VerifyDecider,
+        *,
+        rounds: int = DRAFT_TIMING_ROUNDS,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if rounds < 1:
+            raise ValueError(f"DraftStepTimer needs rounds >= 1, got {rounds}")
+        self.propose = propose
+        self.decider = decider
+        self.rounds = rounds
+        self.clock = clock
+        self.seconds: list[float] = []
+        self.done = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.done:
+            return self.propose(*args, **kwargs)
+        if len(self.seconds) >= self.rounds:
+            self.done = True
+            self.decider.add_draft_step_seconds(statistics.median(self.seconds), self.rounds)
+            return self.propose(*args, **kwargs)
+        t0 = self.clock()
+        out = self.propose(*args, **kwargs)
+        self.seconds.append(self.clock() - t0)
+        return out
 
 
 def _sha256_12(path: str | None) -> str:
@@ -162,14 +271,29 @@ def load_decider(
                 f"{path}: the config asks for a start-up cost table; no profiler given"
             )
         table = profile(cfg)
+    uses_table = cfg.policy in NEEDS_COST_TABLE
+    policy_table = table
+    if uses_table and policy_table is None and cfg.cost_table_path:
+        policy_table = load_cost_table(cfg.cost_table_path)
     decider = VerifyDecider(
         cfg,
-        policy_from_config(cfg, cost_model=table),
+        policy_from_config(cfg, cost_model=policy_table),
         Path(log) if log else None,
         records,
         device=device,
         step_metrics=step_metrics if records else None,
+        cost_table=policy_table if uses_table else None,
     )
+    if records and uses_table and cfg.draft_step_seconds is None and not decider.times_draft_step:
+        logger.info(
+            "DSPARK_MOE: draft_step_seconds is unset and the worker runs on %s, where timing "
+            "the draft pass would synchronise every step: policy %s schedules with the "
+            "target-only cost table. Set draft_step_seconds in %s (seconds of one draft "
+            "pass, e.g. from a DSPARK_PROFILE_ROUNDS profile) to count the draft",
+            torch.device(device).type,
+            cfg.policy,
+            path,
+        )
     info = {
         "policy": decider.policy.name,
         "sla_tier": cfg.sla_name,

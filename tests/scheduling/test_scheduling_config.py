@@ -18,6 +18,7 @@ FULL = {
     "cost_table_path": "/etc/dspark/sps.json",
     "sts_path": "/etc/dspark/sts.json",
     "greedy_only": True,
+    "draft_step_seconds": 0.0125,
 }
 
 
@@ -91,6 +92,23 @@ def _cfg(**over: object) -> dict[str, object]:
         (_cfg(sla_name="Gold_SLA"), "sla_name must be an RFC 1123 label"),
         (_cfg(sla_name="x" * 64), "sla_name must be an RFC 1123 label"),
         (_cfg(greedy_only="yes"), "Expected `bool`, got `str` - at `$.greedy_only`"),
+        (
+            _cfg(draft_step_seconds=0.01),
+            "draft_step_seconds is only used by policies ['prefix', 'lagged'], which rank "
+            "drafts against a cost table (policy is 'verify_all'); remove draft_step_seconds",
+        ),
+        (
+            _cfg(policy="prefix", cost_table_path="t.json", draft_step_seconds=-0.01),
+            "draft_step_seconds must be finite and >= 0 (seconds per speculative step",
+        ),
+        (
+            _cfg(policy="lagged", cost_table_path="t.json", draft_step_seconds=float("inf")),
+            "draft_step_seconds must be finite and >= 0",
+        ),
+        (
+            _cfg(policy="lagged", cost_table_path="t.json", draft_step_seconds="12ms"),
+            "Expected `float | null`, got `str` - at `$.draft_step_seconds`",
+        ),
         ([1, 2], "top level must be a mapping"),
     ],
 )
@@ -124,6 +142,18 @@ def test_argmax_draft_exactly_on_greedy_only_tiers(policy: str, greedy_only: boo
         SchedulerConfig.from_dict({**kw, "greedy_draft": True})
 
 
+def test_draft_step_seconds_in_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("block_size: 4\npolicy: prefix\ncost_table_path: t.json\n")
+    assert SchedulerConfig.load(path).draft_step_seconds is None  # measured by the worker
+    path.write_text(path.read_text() + "draft_step_seconds: 0\n")
+    c = SchedulerConfig.load(path)
+    assert c.draft_step_seconds == 0.0 and isinstance(c.draft_step_seconds, float)
+    path.write_text(path.read_text().replace(": 0\n", ": .nan\n"))
+    with pytest.raises(ConfigError, match="draft_step_seconds must be finite and >= 0"):
+        SchedulerConfig.load(path)
+
+
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(ConfigError, match=r"static_k must be <= block_size \(4 > 2\)"):
         SchedulerConfig(block_size=2, policy="static", static_k=4)
@@ -131,6 +161,12 @@ def test_direct_construction_is_validated_too() -> None:
         SchedulerConfig(block_size=2, policy="fast")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="greedy_only must be true or false"):
         SchedulerConfig(block_size=2, policy="none", greedy_only=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="draft_step_seconds must be a number of seconds"):
+        SchedulerConfig(block_size=2, policy="prefix", draft_step_seconds=True)
+    assert (
+        SchedulerConfig(block_size=2, policy="prefix", draft_step_seconds=1).draft_step_seconds
+        == 1.0
+    )
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 The NumPy policies (``policies.py``) are the oracle: on thousands of random inputs
 (fixed seeds; N up to 64, B up to 8, confidences with ties, zeros and ones; flat,
-monotone, jagged and tile-like staircases, additive tables, table and policy caps)
+monotone, jagged and tile-like staircases, additive tables, either with a fixed draft
+cost added (``with_fixed_step_cost``), table and policy caps)
 the device versions must return exactly the same verify lengths. Losslessness is
 tested by ``test_scheduling_lossless.py``, parametrised over both implementations.
 The guard test runs every device policy with torch's host read-backs made to raise,
@@ -19,7 +20,12 @@ import pytest
 import torch
 from host_sync_guard import HostSyncError, host_syncs_raise
 
-from dspark_sglang.scheduling.cost_table import CostModel, SpsAdditiveCostTable, SpsCostTable
+from dspark_sglang.scheduling.cost_table import (
+    CostModel,
+    SpsAdditiveCostTable,
+    SpsCostTable,
+    with_fixed_step_cost,
+)
 from dspark_sglang.scheduling.device_policies import (
     DeviceCostTable,
     DeviceLaggedBudgetScheduler,
@@ -45,6 +51,15 @@ MAX_N, MAX_B = 64, 8
 
 
 def random_table(rng: random.Random, n: int, b: int) -> SpsCostTable | SpsAdditiveCostTable:
+    """A random table; a third of them with a fixed draft cost added to every step."""
+    table = _random_target_table(rng, n, b)
+    if rng.random() < 1 / 3:
+        # Draft passes from far below to far above the target's step (rates 33..100/s).
+        table = with_fixed_step_cost(table, rng.choice([1e-4, 0.003, 0.01, 0.05, 1.0]))
+    return table
+
+
+def _random_target_table(rng: random.Random, n: int, b: int) -> SpsCostTable | SpsAdditiveCostTable:
     """Flat, monotone, jagged or tile-like staircases (caps often binding), or additive."""
     kind = rng.random()
     if kind < 0.15:
