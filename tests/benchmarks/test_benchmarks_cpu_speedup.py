@@ -338,3 +338,35 @@ def test_an_all_greedy_grid_runs_greedy_only_tiers_with_argmax_drafts(
     prefix = specs["DSPARK_MOE/prefix"].env
     assert prefix[GREEDY_DRAFT_ENV] == "1"
     assert SchedulerConfig.load(prefix[CONFIG_ENV]).greedy_only
+
+
+# ------------------------------------------------------------------ the committed result
+
+
+def test_the_committed_result_agrees_with_its_own_repeats() -> None:
+    """Every row of ``benchmarks/results/cpu_speedup.json`` keeps the contract, and its
+    figures are recomputed from the per-repeat token counts and wall times stored beside
+    them (tok/s, the per-repeat ratio, its median and range, the greedy verdict)."""
+    import json
+    import statistics
+
+    path = REPO / "benchmarks" / "results" / "cpu_speedup.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    rows = result["rows"]
+    assert rows, "the committed result has no rows"
+    for row in rows:
+        bench.check_row(row)
+        per = row["repeats"]
+        assert len(per) == result["settings"]["repeats"]
+        ratios = []
+        for rep in per:
+            plain = rep["plain_tokens"] / rep["plain_wall_s"]
+            spec = rep["dspark_tokens"] / rep["dspark_wall_s"]
+            assert rep["plain_tok_s"] == pytest.approx(plain, rel=1e-9)
+            assert rep["dspark_tok_s"] == pytest.approx(spec, rel=1e-9)
+            assert rep["ratio"] == pytest.approx(spec / plain, rel=1e-9)
+            ratios.append(spec / plain)
+        assert row["ratio"] == pytest.approx(statistics.median(ratios), rel=1e-9)
+        assert (row["ratio_min"], row["ratio_max"]) == pytest.approx((min(ratios), max(ratios)))
+        if row["temperature"] == 0:
+            assert row["identical"] == all(r["identical_outputs"] == r["outputs"] for r in per)
