@@ -119,6 +119,13 @@ class VerifyDecider:
             and torch.device(self.device).type == "cpu"
         )
 
+    @property
+    def draft_step_seconds(self) -> float | None:
+        """The draft-pass seconds the policy's table includes (``None``: target only)."""
+        if self.measured_draft_step_seconds is not None:
+            return self.measured_draft_step_seconds
+        return self.config.draft_step_seconds
+
     def add_draft_step_seconds(self, seconds: float, rounds: int) -> None:
         """Rebuild the policy on the cost table plus ``seconds`` per step (once).
 
@@ -157,6 +164,8 @@ class VerifyDecider:
                 "policy": self.policy.name,
                 "confidence": given.tolist(),
                 "verify_lens": lens.tolist(),
+                # The draft pass the policy's table included (config or measured; None: none).
+                "draft_step_seconds": self.draft_step_seconds,
             }
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")

@@ -48,7 +48,7 @@ from rendered_tier import (
 )
 
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.policies import policy_from_config
+from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.sglang_integration.launch import (
     DECISION_LOG_ENV,
     GREEDY_DRAFT_ENV,
@@ -272,11 +272,21 @@ def test_verify_lengths_are_the_tier_policys(tier: Tier) -> None:
     decided = [r for r in rows if "verify_lens" in r]
     used = [r["used_verify_lens"] for r in rows if "used_verify_lens" in r]
     assert len(decided) >= 8, "too few decode steps were decided by our policy"
-    policy = policy_from_config(tier.config)
     import torch
 
+    from dspark_sglang.scheduling.cost_table import load_cost_table, with_fixed_step_cost
+
+    def policy(draft_seconds: float | None) -> SchedulingPolicy:
+        # The worker adds its measured draft pass to the table after a few rounds.
+        if draft_seconds is None or tier.config.cost_table_path is None:
+            return policy_from_config(tier.config)
+        table = with_fixed_step_cost(load_cost_table(tier.config.cost_table_path), draft_seconds)
+        return policy_from_config(tier.config, cost_model=table)
+
     for r in decided:
-        drafts = policy.decide(torch.tensor(r["confidence"], dtype=torch.float32))
+        drafts = policy(r.get("draft_step_seconds")).decide(
+            torch.tensor(r["confidence"], dtype=torch.float32)
+        )
         assert (drafts + 1).tolist() == r["verify_lens"], r
     assert [r["verify_lens"] for r in decided] == used, "SGLang verified other lengths"
     whole = tier.config.num_draft_tokens
