@@ -283,10 +283,14 @@ def test_verify_lengths_are_the_tier_policys(tier: Tier) -> None:
         table = with_fixed_step_cost(load_cost_table(tier.config.cost_table_path), draft_seconds)
         return policy_from_config(tier.config, cost_model=table)
 
+    # One policy object, as in the worker (the lagged one keeps a history), rebuilt once
+    # where the worker switched to its measured draft pass (which starts a new history).
+    seconds, current = None, policy(None)
     for r in decided:
-        drafts = policy(r.get("draft_step_seconds")).decide(
-            torch.tensor(r["confidence"], dtype=torch.float32)
-        )
+        if r.get("draft_step_seconds") != seconds:
+            seconds = r["draft_step_seconds"]
+            current = policy(seconds)
+        drafts = current.decide(torch.tensor(r["confidence"], dtype=torch.float32))
         assert (drafts + 1).tolist() == r["verify_lens"], r
     assert [r["verify_lens"] for r in decided] == used, "SGLang verified other lengths"
     whole = tier.config.num_draft_tokens
