@@ -12,32 +12,18 @@ starts the engines: even the smallest grid starts three, several minutes on a sh
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_scripts import load_benchmark
 
 from dspark_sglang.sglang_integration.demo import EngineRun
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_bench() -> ModuleType:
-    """``benchmarks/`` is not a package: import the script by path."""
-    spec = importlib.util.spec_from_file_location(
-        "cpu_speedup_bench", REPO / "benchmarks" / "cpu_speedup.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cpu_speedup_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("cpu_speedup", "cpu_speedup_bench")
 
 GREEDY = bench.Cell("gsm8k", 2, 0.0)
 SAMPLED = bench.Cell("gsm8k", 2, 1.0)

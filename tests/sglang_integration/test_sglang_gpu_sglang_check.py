@@ -12,35 +12,21 @@ the shell script (exit 0 with a message).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from bench_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    """``benchmarks/`` is not a package: import the driver by path."""
-    spec = importlib.util.spec_from_file_location(
-        "gpu_sglang_check", REPO / "benchmarks" / "gpu_sglang_check.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_sglang_check"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load()
+gc = load_benchmark("gpu_sglang_check", "gpu_sglang_check")
 
 
 def _out(ids: list[int], verify_ct: int | None = None, correct: int | None = None) -> dict:

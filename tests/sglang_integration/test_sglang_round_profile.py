@@ -10,18 +10,17 @@ SGLang 0.5.23 and our worker, and the benchmark's repeat / median / table assemb
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pkgutil
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from bench_scripts import load_benchmark
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
@@ -30,19 +29,7 @@ from dspark_sglang.sglang_integration import round_profile as rp
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_bench() -> ModuleType:
-    """``benchmarks/`` is not a package: import the script by path."""
-    spec = importlib.util.spec_from_file_location(
-        "round_profile_bench", REPO / "benchmarks" / "round_profile.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["round_profile_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("round_profile", "round_profile_bench")
 
 
 @pytest.fixture(autouse=True)
