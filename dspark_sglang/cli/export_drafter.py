@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dspark_sglang.cli.base import Command
+from dspark_sglang.training.export import DRAFT_VOCAB_RANKINGS
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +59,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="a data-stage folder (dspark-sglang train --stage data) whose regenerated "
         "responses the token map is counted from",
     )
+    p.add_argument(
+        "--draft-vocab-by",
+        choices=DRAFT_VOCAB_RANKINGS,
+        default="count",
+        help="how the map ranks tokens: count (how often the responses hold each token; "
+        "default) or mass (the target's temperature-1 probability of each token summed over "
+        "the response positions: one target forward pass over the data, and it ranks the "
+        "tokens the responses never sampled too, which a few thousand replies leave at zero)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -72,6 +82,8 @@ def _run(args: argparse.Namespace) -> int:
             target=args.target,
             draft_vocab_size=args.draft_vocab_size,
             draft_vocab_data=args.draft_vocab_data,
+            draft_vocab_by=args.draft_vocab_by,
+            progress=True,
         )
     except (ValueError, FileNotFoundError) as exc:  # CheckpointError is a ValueError
         print(f"export-drafter: error: {exc}", file=sys.stderr)
@@ -85,6 +97,11 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"token map: {cov['draft_vocab_size']} of {cov['vocab_size']} tokens, covering "
             f"{float(cov['coverage']):.1%} of {cov['response_tokens']} response tokens"
+            + (
+                f" and {float(cov['mass_coverage']):.1%} of the target's probability there"
+                if "mass_coverage" in cov
+                else ""
+            )
         )
     return 0
 

@@ -9,7 +9,9 @@ and keeps anything else in the folder, e.g. the README of a shipped drafter.
 With a token map (``draft_vocab_size`` and ``draft_vocab_data``, a data-stage folder
 of regenerated responses) the shipped drafter drafts over the ``K`` most frequent
 response tokens only (``DSparkDrafter.restricted_to``): the same weights, a cheaper
-draft pass, the drafter's distribution renormalised over the map.
+draft pass, the drafter's distribution renormalised over the map. ``draft_vocab_by``
+ranks the tokens by how often the responses hold them (``count``) or by the target's
+probability mass over the response positions (``mass``, ``response_token_mass``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 __all__ = ["EXPORTED_FILES", "ExportResult", "export_drafter"]
 
 EXPORTED_FILES = ("config.json", "model.safetensors", "sts.json")
+DRAFT_VOCAB_RANKINGS = ("count", "mass")
+"""How ``--draft-vocab-by`` ranks the target's tokens for the map."""
 """The files an export owns in its destination folder."""
 
 
@@ -44,6 +48,8 @@ def export_drafter(
     target: str,
     draft_vocab_size: int | None = None,
     draft_vocab_data: Path | None = None,
+    draft_vocab_by: str = "count",
+    progress: bool = False,
 ) -> ExportResult:
     """Export the DSpark/DFlash drafter at ``source`` to ``dest`` (see the module doc).
 
@@ -56,6 +62,10 @@ def export_drafter(
         raise ValueError(
             "--draft-vocab-size and --draft-vocab-data go together: the size K of the token "
             "map and the data-stage folder whose responses it is counted from"
+        )
+    if draft_vocab_by not in DRAFT_VOCAB_RANKINGS:
+        raise ValueError(
+            f"--draft-vocab-by {draft_vocab_by!r}: choose one of {', '.join(DRAFT_VOCAB_RANKINGS)}"
         )
     import shutil
 
@@ -95,15 +105,20 @@ def export_drafter(
             build_draft_vocab,
             coverage_report,
             response_token_counts,
+            response_token_mass,
         )
 
         counts = response_token_counts(draft_vocab_data, spec.vocab_size)
+        mass = None
+        if draft_vocab_by == "mass":
+            mass = response_token_mass(draft_vocab_data, model, spec.vocab_size, progress=progress)
+        ranking = counts if mass is None else mass
         try:
-            vocab = build_draft_vocab(draft_vocab_data, spec.vocab_size, draft_vocab_size, counts)
+            vocab = build_draft_vocab(draft_vocab_data, spec.vocab_size, draft_vocab_size, ranking)
         except ValueError as exc:
             raise ValueError(f"--draft-vocab-size: {exc}") from exc
         drafter = drafter.restricted_to(vocab)
-        coverage = coverage_report(counts, vocab)
+        coverage = coverage_report(counts, vocab, mass)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--to {dest} is a file; give a folder")
     for name in EXPORTED_FILES:

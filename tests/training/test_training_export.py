@@ -122,3 +122,49 @@ def test_export_narrows_the_drafter_to_a_token_map_of_the_data(
     assert torch.equal(shipped.draft_vocab.ids, vocab.ids)
     w2 = "markov_head.markov_w2.weight"
     assert torch.equal(shipped.state_dict()[w2], latest.state_dict()[w2][vocab.ids])
+
+
+def test_export_by_mass_ranks_tokens_by_the_targets_probability(
+    tiny_run: Path,
+    tiny_data_dir: Path,
+    target_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dspark_sglang.model.vocab import DraftVocab
+    from dspark_sglang.training.datagen import load_responses
+    from dspark_sglang.training.token_map import eos_token_ids, response_token_mass
+
+    out = tmp_path / "shipped"
+    argv = ["export-drafter", "--from", str(tiny_run), "--to", str(out), "--target"]
+    argv += [str(target_dir), "--dtype", "float32", "--draft-vocab-size", "16"]
+    argv += ["--draft-vocab-data", str(tiny_data_dir), "--draft-vocab-by", "mass"]
+    rc = main(argv)
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "of the target's probability there" in printed.out
+    # The expected mass, one prefix at a time: the target's next-token distribution
+    # after each prefix that ends just before a reply token.
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    vocab_size = model.config.vocab_size
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    positions = 0
+    with torch.no_grad():
+        for rec in load_responses(tiny_data_dir):
+            seq = [*rec.prompt_ids, *rec.response_ids]
+            for t in range(len(rec.prompt_ids), len(seq)):
+                logits = model(input_ids=torch.tensor([seq[:t]])).logits[0, -1]
+                mass += torch.softmax(logits.double(), dim=-1)
+                positions += 1
+    assert positions > 16
+    # One forward per reply gives the same sums (float32 logits: 1e-4 relative).
+    computed = response_token_mass(tiny_data_dir, model, vocab_size)
+    assert float(computed.sum()) == pytest.approx(positions, abs=1e-6)
+    torch.testing.assert_close(computed, mass, rtol=1e-4, atol=1e-6)
+    expected = DraftVocab.from_counts(computed, 16, always=eos_token_ids(tiny_data_dir))
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    shipped = load_drafter(out, spec, model.get_input_embeddings(), model.get_output_embeddings())
+    assert torch.equal(shipped.draft_vocab.ids, expected.ids)
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "probability"])
+    assert "--draft-vocab-by: invalid choice" in capsys.readouterr().err
