@@ -16,21 +16,27 @@ engine (``sglang_integration.engine``) decodes with
 
 The grid: prompt sets (``--sets``, chat template applied: GSM8K test, HumanEval, MT-Bench
 first turns) x concurrency levels (``--concurrency``) x temperatures (``--temperatures``).
-Every set contributes its first ``--prompts-per-cell`` prompts (default 8, at least the
-highest concurrency). A cell at concurrency ``c`` sends those prompts in
-``ceil(prompts / c)`` calls of ``engine.generate`` with exactly ``c`` prompts each (call
-``k`` takes prompts ``k*c .. k*c+c-1``, wrapping round to the first ones to fill the last
-call), so ``c`` requests are in flight at once; its tokens/s is the tokens generated over
-the summed wall time of those calls. ``--max-new-tokens`` (default 64) per request, EOS
-ignored, so every engine generates the same number of tokens. Temperature 0 is greedy;
-temperature > 0 samples with no top-k / top-p, the engines seeded with ``--seed``.
+Every cell has its own ``--prompts-per-cell`` prompts ``n`` (default 8, at least the
+highest concurrency), distinct from every other cell's: cell ``j`` of a set, counting that
+set's cells in grid order (concurrency-major, then temperature), takes the set's prompts
+``j*n .. j*n+n-1``, so a set needs ``n`` x (concurrency levels x temperatures) prompts and
+the run stops with an error naming the flags when it has fewer. Every engine gets the same
+prompts in the same cell, so each plain-vs-speculative comparison stays paired. A cell at
+concurrency ``c`` sends its prompts in ``ceil(n / c)`` calls of ``engine.generate`` with
+exactly ``c`` prompts each (call ``k`` takes the cell's prompts ``k*c .. k*c+c-1``,
+wrapping round to its first ones to fill the last call), so ``c`` requests are in flight
+at once; its tokens/s is the tokens generated over the summed wall time of those calls.
+``--max-new-tokens`` (default 64) per request, EOS ignored, so every engine generates the
+same number of tokens. Temperature 0 is greedy; temperature > 0 samples with no top-k /
+top-p, the engines seeded with ``--seed``.
 
 Each repeat starts every engine once, one after the other (never two alive: they would
 share the cores), in an order rotated by one engine per repeat; each gets an untimed
 warm-up request per temperature (on a different prompt), then runs every cell, set by
-set. Before a set's first cell the engine prefills each of its prompts once, untimed (one
-token each), so every timed cell, the first one too, finds its prompts' prefill in the
-radix cache: the cells time decoding, the part speculation changes.
+set. Right before each cell the engine prefills that cell's prompts once, untimed (one
+token each), so every timed cell finds its prompts' prefill in the radix cache: the cells
+time decoding, the part speculation changes. NGRAM's n-gram corpus still holds what the
+engine generated in earlier cells, but for other prompts, never the cell's own.
 
 A row is one cell and one speculative engine, against the plain engine's same cell of the
 same repeat: tokens/s of both, their ratio (per repeat, then median and range over
@@ -162,6 +168,58 @@ def cell_batches(num_prompts: int, concurrency: int) -> list[list[int]]:
         )
     calls = math.ceil(num_prompts / concurrency)
     return [[(k * concurrency + j) % num_prompts for j in range(concurrency)] for k in range(calls)]
+
+
+def cell_prompt_slices(cells: Sequence[Cell], per_cell: int) -> dict[Cell, range]:
+    """Which prompts of its set each cell sends: cell ``j`` of a set, counting that set's
+    cells in the order given, takes prompts ``j*per_cell .. j*per_cell+per_cell-1``.
+
+    No two cells share a prompt, so nothing a speculative engine learnt from one cell's
+    outputs (NGRAM's n-gram corpus) is replayed in another; every engine uses the same map.
+    """
+    if per_cell < 1:
+        raise ValueError(f"--prompts-per-cell must be >= 1, got {per_cell}")
+    if len(set(cells)) != len(cells):
+        raise ValueError("cells lists a cell twice")
+    seen: dict[str, int] = {}
+    out = {}
+    for cell in cells:
+        j = seen.get(cell.prompt_set, 0)
+        seen[cell.prompt_set] = j + 1
+        out[cell] = range(j * per_cell, (j + 1) * per_cell)
+    return out
+
+
+def prompts_needed(cells: Sequence[Cell], per_cell: int) -> dict[str, int]:
+    """Prompts each set must have: ``per_cell`` x that set's cells."""
+    slices = cell_prompt_slices(cells, per_cell)
+    need: dict[str, int] = {}
+    for cell, idx in slices.items():
+        need[cell.prompt_set] = max(need.get(cell.prompt_set, 0), idx.stop)
+    return need
+
+
+def check_set_size(name: str, available: int, needed: int, per_cell: int) -> None:
+    """Raise ``ValueError`` naming the flags when eval set ``name`` is too small for the grid."""
+    if available < needed:
+        raise ValueError(
+            f"eval set {name!r} has {available} prompts; the grid needs {needed}: "
+            f"--prompts-per-cell {per_cell} distinct prompts for each of its "
+            f"{needed // per_cell} cells (--concurrency levels x --temperatures). Lower "
+            "--prompts-per-cell or give fewer --concurrency / --temperatures values"
+        )
+
+
+def cell_prompts(
+    cells: Sequence[Cell], per_set: Mapping[str, Sequence[Any]], per_cell: int
+) -> dict[Cell, list[Any]]:
+    """Each cell's own prompts, taken from its set's list by ``cell_prompt_slices``; built
+    once per run, so every engine sends the same prompts in the same cell. ``ValueError``
+    naming the flags when a set's list is too short for the grid."""
+    slices = cell_prompt_slices(cells, per_cell)
+    for name, needed in prompts_needed(cells, per_cell).items():
+        check_set_size(name, len(per_set.get(name, ())), needed, per_cell)
+    return {c: [per_set[c.prompt_set][i] for i in idx] for c, idx in slices.items()}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -351,7 +409,8 @@ def parser() -> argparse.ArgumentParser:
         "--prompts-per-cell",
         type=int,
         default=8,
-        help="distinct prompts per set; at least the highest --concurrency",
+        help="distinct prompts per cell (each cell its own; a set needs this x its cells); "
+        "at least the highest --concurrency",
     )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -515,13 +574,13 @@ def engine_specs(
     return specs, configs, drafter_dir
 
 
-def encoded_prompts(tokenizer: Any, name: str, n: int) -> list[tuple[int, ...]]:
-    """The first ``n`` prompts of eval set ``name`` through the target's chat template."""
+def encoded_prompts(tokenizer: Any, name: str, n: int, per_cell: int) -> list[tuple[int, ...]]:
+    """The first ``n`` prompts of eval set ``name`` (``prompts_needed``) through the target's
+    chat template; ``ValueError`` naming the flags when the set has fewer."""
     from dspark_sglang.data.evalsets import load_eval_set
 
     prompts = load_eval_set(name, limit=n)
-    if len(prompts) < n:
-        raise ValueError(f"eval set {name!r} has {len(prompts)} prompts; lower --prompts-per-cell")
+    check_set_size(name, len(prompts), n, per_cell)
     out = []
     for p in prompts:
         ids = tokenizer.apply_chat_template(
@@ -542,15 +601,16 @@ def run_engine(
     engine_def: Engine,
     spec: Any,
     cells: Sequence[Cell],
-    prompts: Mapping[str, Sequence[Sequence[int]]],
+    prompts: Mapping[Cell, Sequence[Sequence[int]]],
     warmup: Sequence[int],
     max_new_tokens: int,
     console: Any,
 ) -> tuple[dict[Cell, Any], float]:
     """Start one engine, warm it up untimed, run every cell; ``({cell: EngineRun}, start-up s)``.
 
-    Before a set's first cell every prompt of the set is prefilled once, untimed (one
-    token each), so every timed cell finds its prompts in the radix cache alike.
+    ``prompts[cell]`` is the cell's own prompts (``cell_prompt_slices``). Right before each
+    cell its prompts are prefilled once, untimed (one token each), so every timed cell
+    finds its prompts in the radix cache alike.
     """
     from dspark_sglang.sglang_integration.demo import EngineRun
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
@@ -561,16 +621,13 @@ def run_engine(
         startup = time.perf_counter() - t0
         for temperature in sorted({c.temperature for c in cells}):
             generate_outputs(engine, [list(warmup)], 8, sampling(temperature))
-        primed: set[str] = set()
         for cell in cells:
-            if cell.prompt_set not in primed:  # untimed: the set's prefills into the radix cache
-                every = [list(p) for p in prompts[cell.prompt_set]]
-                generate_outputs(engine, every, 1)
-                primed.add(cell.prompt_set)
+            own = prompts[cell]
+            generate_outputs(engine, [list(p) for p in own], 1)  # untimed: prefills cached
             outputs: list[dict[str, Any]] = []
             wall = 0.0
-            for batch in cell_batches(len(prompts[cell.prompt_set]), cell.concurrency):
-                ids = [list(prompts[cell.prompt_set][i]) for i in batch]
+            for batch in cell_batches(len(own), cell.concurrency):
+                ids = [list(own[i]) for i in batch]
                 start = time.perf_counter()
                 outputs += generate_outputs(engine, ids, max_new_tokens, sampling(cell.temperature))
                 wall += time.perf_counter() - start
@@ -603,7 +660,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cpu_speedup: error: {exc}", file=sys.stderr)
             return 2
         _, tokenizer = _target_spec(model_path)
-        prompts = {s: encoded_prompts(tokenizer, s, args.prompts_per_cell) for s in args.sets}
+        slices = cell_prompt_slices(cells, args.prompts_per_cell)
+        try:
+            per_set = {
+                s: encoded_prompts(tokenizer, s, n, args.prompts_per_cell)
+                for s, n in prompts_needed(cells, args.prompts_per_cell).items()
+            }
+            # One map for every engine: the plain-vs-speculative comparisons stay paired.
+            prompts = cell_prompts(cells, per_set, args.prompts_per_cell)
+        except ValueError as exc:
+            print(f"cpu_speedup: error: {exc}", file=sys.stderr)
+            return 2
         warmup = tokenizer("Hello", add_special_tokens=False)["input_ids"]
         result: dict[str, Any] = {
             "settings": {
@@ -615,7 +682,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "policies": args.policies,
                 "ngram": args.ngram,
                 "prompts_per_cell": args.prompts_per_cell,
-                "prompt_tokens": {s: [len(p) for p in ps] for s, ps in prompts.items()},
+                # Per set, per cell in the grid's order of that set's cells.
+                "prompt_tokens": {
+                    s: [[len(p) for p in prompts[c]] for c in cells if c.prompt_set == s]
+                    for s in args.sets
+                },
+                "prompt_indices": {
+                    s: [[slices[c].start, slices[c].stop] for c in cells if c.prompt_set == s]
+                    for s in args.sets
+                },
                 "max_new_tokens": args.max_new_tokens,
                 "sampling": "EOS ignored; temperature 0 greedy, else temperature only "
                 "(no top-k / top-p), engines seeded with --seed",
@@ -628,12 +703,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cost_table": str(args.cost_table) if args.cost_table else None,
                 "scheduler_configs": configs,
                 "repeats": args.repeats,
-                "cell": "concurrency c: ceil(prompts / c) generate calls of exactly c prompts "
-                "(wrapping round); tok/s = tokens / summed wall time of the calls",
+                "cell": "each cell its own prompts: cell j of a set (grid order: concurrency, "
+                "then temperature) sends the set's prompts j*n .. j*n+n-1 (n = "
+                "prompts_per_cell; prompt_indices), the same for every engine; concurrency c: "
+                "ceil(n / c) generate calls of exactly c prompts (wrapping round); tok/s = "
+                "tokens / summed wall time of the calls",
                 "order": "each repeat starts every engine once, never two alive, in an order "
                 "rotated by one per repeat; untimed warm-up per temperature, then every cell; "
-                "before a set's first cell an untimed one-token pass over its prompts puts their "
-                "prefill in the radix cache",
+                "right before each cell an untimed one-token pass over its prompts puts their "
+                "prefill in the radix cache; NGRAM's corpus carries earlier cells' outputs, "
+                "for other prompts",
                 "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
             },
             "versions": {**software_versions(), "sglang": md.version("sglang")},

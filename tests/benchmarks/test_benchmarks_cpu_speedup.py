@@ -1,6 +1,7 @@
 """The CPU speed benchmark's engine-free parts (``benchmarks/cpu_speedup.py``).
 
-Covered without an engine: how a cell splits its prompts into calls of exactly
+Covered without an engine: which prompts each cell sends (its own, distinct from every
+other cell's, too small a set refused), how a cell splits them into calls of exactly
 ``concurrency`` requests, the rotated engine order, the rows built from per-repeat runs
 (ratio per repeat then median and range, accepted length, the greedy identical verdict,
 the NGRAM note at temperature > 0), the row contract (``check_row``), the flag checks, and
@@ -80,6 +81,55 @@ def test_cell_batches_keep_exactly_concurrency_in_flight_and_cover_every_prompt(
         bench.cell_batches(2, 4)
     with pytest.raises(ValueError, match="concurrency"):
         bench.cell_batches(2, 0)
+
+
+def test_every_cell_of_a_set_gets_its_own_prompts_in_grid_order() -> None:
+    """Cell j of a set takes prompts j*n .. j*n+n-1: no prompt is sent in two cells, so
+    NGRAM cannot replay a continuation it generated for the same prompt in another cell."""
+    cells = bench.grid(["gsm8k", "mtbench"], [1, 4], [0, 1])
+    slices = bench.cell_prompt_slices(cells, 4)
+    assert list(slices) == cells
+    gsm8k = [slices[c] for c in cells if c.prompt_set == "gsm8k"]
+    assert gsm8k == [range(0, 4), range(4, 8), range(8, 12), range(12, 16)]
+    assert slices[bench.Cell("gsm8k", 4, 0.0)] == range(8, 12)
+    assert slices[bench.Cell("mtbench", 1, 0.0)] == range(0, 4)  # each set counts its own
+    for name in ("gsm8k", "mtbench"):
+        used = [i for c in cells if c.prompt_set == name for i in slices[c]]
+        assert len(used) == len(set(used)) == 16
+    # The prompts themselves: set-tagged stand-ins for the encoded ones.
+    per_set = {s: [f"{s}-{i}" for i in range(16)] for s in ("gsm8k", "mtbench")}
+    prompts = bench.cell_prompts(cells, per_set, 4)
+    assert prompts[bench.Cell("gsm8k", 1, 1.0)] == ["gsm8k-4", "gsm8k-5", "gsm8k-6", "gsm8k-7"]
+    assert prompts[bench.Cell("mtbench", 4, 1.0)] == [f"mtbench-{i}" for i in range(12, 16)]
+    sent = [p for ps in prompts.values() for p in ps]
+    assert len(sent) == len(set(sent)) == 32
+    # Built once per run from the grid alone: every engine sends the same prompts.
+    assert bench.cell_prompts(cells, per_set, 4) == prompts
+    assert bench.prompts_needed(cells, 4) == {"gsm8k": 16, "mtbench": 16}
+    assert bench.prompts_needed(bench.grid(["humaneval"], [1, 4, 8], [0]), 8) == {"humaneval": 24}
+    with pytest.raises(ValueError, match="prompts-per-cell"):
+        bench.cell_prompt_slices(cells, 0)
+    with pytest.raises(ValueError, match="twice"):
+        bench.cell_prompt_slices([*cells, cells[0]], 4)
+
+
+def test_a_set_too_small_for_the_grid_is_refused_naming_the_flags() -> None:
+    cells = bench.grid(["gsm8k", "mtbench"], [1, 4], [0])
+    short = {"gsm8k": list(range(8)), "mtbench": list(range(7))}
+    with pytest.raises(ValueError, match="'mtbench' has 7 prompts; the grid needs 8"):
+        bench.cell_prompts(cells, short, 4)
+    with pytest.raises(ValueError, match="'mtbench' has 0 prompts"):
+        bench.cell_prompts(cells, {"gsm8k": list(range(8))}, 4)
+    assert len(bench.cell_prompts(cells, {**short, "mtbench": list(range(9))}, 4)) == 4
+    bench.check_set_size("mtbench", 80, 48, 8)
+    bench.check_set_size("mtbench", 48, 48, 8)
+    with pytest.raises(ValueError) as exc:
+        bench.check_set_size("mtbench", 47, 48, 8)
+    message = str(exc.value)
+    assert "'mtbench' has 47 prompts; the grid needs 48" in message
+    assert "6 cells" in message
+    for flag in ("--prompts-per-cell", "--concurrency", "--temperatures"):
+        assert flag in message
 
 
 def test_engine_order_rotates_one_place_per_repeat() -> None:
