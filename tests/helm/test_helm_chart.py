@@ -31,7 +31,7 @@ import pytest
 import yaml
 from chart_tools import CHART, NAMESPACE, RELEASE, ROOT, SHIPPED, render, render_text, run_helm
 
-from dspark_sglang.scheduling.config import POLICIES, SchedulerConfig
+from dspark_sglang.scheduling.config import POLICIES, ConfigError, SchedulerConfig
 
 pytestmark = pytest.mark.helm
 
@@ -298,6 +298,8 @@ def expected_scheduler_config(tier: dict[str, Any]) -> dict[str, Any]:
         cfg["static_k"] = s["staticK"]
     if "lagSteps" in s:
         cfg["lag_steps"] = s["lagSteps"]
+    if "draftStepSeconds" in s:
+        cfg["draft_step_seconds"] = s["draftStepSeconds"]
     return cfg
 
 
@@ -661,6 +663,33 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "scheduler.staticK is only read by policy static (policy is lagged)",
     ),
     (
+        "negative draftStepSeconds",
+        {"slaTiers": [tier_with(scheduler__draftStepSeconds=-0.004)]},
+        "at '/slaTiers/0/scheduler/draftStepSeconds': minimum: got -0.004, want 0",
+    ),
+    (
+        "draftStepSeconds as a string",
+        {"slaTiers": [tier_with(scheduler__draftStepSeconds="4ms")]},
+        "at '/slaTiers/0/scheduler/draftStepSeconds': got string, want number",
+    ),
+    (
+        "draftStepSeconds with the verify_all policy",
+        {
+            "slaTiers": [
+                tier_with(
+                    scheduler={
+                        **GOOD_TIER["scheduler"],
+                        "policy": "verify_all",
+                        "draftStepSeconds": 0.004,
+                    }
+                )
+            ]
+        },
+        "scheduler.draftStepSeconds is only read by policies prefix and lagged, which rank "
+        "drafts against a cost table (policy is verify_all); remove draftStepSeconds or set "
+        "policy: prefix or lagged",
+    ),
+    (
         "inline cost table not sorted",
         {
             "slaTiers": [
@@ -786,6 +815,62 @@ def test_sglang_env_follows_the_tier_as_the_plugin_rules(
     for name in ("SGLANG_RAGGED_VERIFY_MODE", "SGLANG_DSPARK_USE_GREEDY_DRAFT"):
         assert env[name] == plugin[name], name
     assert env["SGLANG_DSPARK_USE_GREEDY_DRAFT"] == ("1" if greedy_only else "0")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_draft_step_seconds_is_accepted_exactly_where_the_plugin_reads_it(
+    policy: str, tmp_path: Path
+) -> None:
+    """``scheduler.draftStepSeconds`` renders as the ``draft_step_seconds`` SchedulerConfig
+    loads, to the value, under the policies whose SchedulerConfig takes the key; under
+    every other policy the render is refused, naming the field and the fix."""
+    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy}
+    if policy != "lagged":
+        sched.pop("lagSteps")
+    if policy == "static":
+        sched["staticK"] = 3
+    try:
+        SchedulerConfig(
+            block_size=7, policy=policy, static_k=sched.get("staticK"), draft_step_seconds=0.0
+        )
+        plugin_reads = True
+    except ConfigError as exc:
+        assert "draft_step_seconds is only used by policies" in str(exc)
+        plugin_reads = False
+    # 1e-05 and 5 are what a plain "{{ value }}" would print as 1e-05 (a string to PyYAML)
+    # and 5 (an int).
+    for seconds in (0.004, 0, 1e-05, 5, 0.123456789):
+        f = tmp_path / "v.yaml"
+        tier = tier_with(scheduler={**sched, "draftStepSeconds": seconds})
+        f.write_text(yaml.safe_dump({"slaTiers": [tier]}))
+        proc = run_helm("template", RELEASE, str(CHART), "-f", str(f))
+        if not plugin_reads:
+            assert proc.returncode != 0, f"policy {policy} accepted draftStepSeconds"
+            assert (
+                "slaTiers[0] (interactive): scheduler.draftStepSeconds is only read by policies "
+                f"prefix and lagged, which rank drafts against a cost table (policy is {policy}); "
+                "remove draftStepSeconds or set policy: prefix or lagged"
+            ) in proc.stderr, proc.stderr
+            continue
+        assert proc.returncode == 0, proc.stderr
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        (cm,) = [
+            d
+            for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+        ]
+        rendered = tmp_path / "scheduler.yaml"
+        rendered.write_text(cm["data"]["scheduler.yaml"])
+        cfg = SchedulerConfig.load(rendered)
+        assert cfg.draft_step_seconds == seconds, cm["data"]["scheduler.yaml"]
+        assert cfg.policy == policy
+
+
+def test_draft_step_seconds_is_not_rendered_unless_set() -> None:
+    """The default values leave it out, so the plugin's own rule (measure on CPU) applies."""
+    for doc in render(CHART / "values.yaml"):
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-scheduler"):
+            assert "draft_step_seconds" not in doc["data"]["scheduler.yaml"]
 
 
 # --- 5. golden file ------------------------------------------------------------------

@@ -105,6 +105,9 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- fail (printf "%s: scheduler.staticK=%d exceeds scheduler.blockSize=%d; a static policy cannot verify more drafts than the block holds" $where (int $s.staticK) $b) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (hasKey $s "draftStepSeconds") (not (has $s.policy (list "prefix" "lagged"))) -}}
+{{- fail (printf "%s: scheduler.draftStepSeconds is only read by policies prefix and lagged, which rank drafts against a cost table (policy is %s); remove draftStepSeconds or set policy: prefix or lagged" $where $s.policy) -}}
+{{- end -}}
 {{- with $t.costTable.inline -}}
 {{- $probes := .sample_batch_tokens -}}
 {{- if ne (len $probes) (len .sample_steps_per_sec) -}}
@@ -226,6 +229,17 @@ cost_table_path: {{ include "dspark.costTablePath" . }}
 sts_path: {{ include "dspark.stsPath" . }}
 sla_name: {{ .t.name }}
 greedy_only: {{ $s.greedyOnly | default false }}
+{{- if hasKey $s "draftStepSeconds" }}
+draft_step_seconds: {{ include "dspark.seconds" $s.draftStepSeconds }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A number of seconds as a YAML float every loader reads as one: fixed-point to the
+nanosecond, trailing zeros dropped ("%v" would print 1e-05, which PyYAML reads as a string).
+*/}}
+{{- define "dspark.seconds" -}}
+{{- regexReplaceAll "\\.$" (regexReplaceAll "0+$" (printf "%.9f" (float64 .)) "") ".0" -}}
 {{- end -}}
 
 {{/*
