@@ -141,7 +141,8 @@ class VerifyDecider:
             logger.info(
                 "DSPARK_MOE: draft pass measured at %.6f s per step (median of %d decode "
                 "rounds); policy %s now adds it to the cost table's step time (set "
-                "draft_step_seconds in the scheduler config to use a fixed value)",
+                "draft_step_seconds in the scheduler config, Helm chart "
+                "slaTiers[].scheduler.draftStepSeconds, to use a fixed value)",
                 seconds,
                 rounds,
                 self.policy.name,
@@ -297,8 +298,9 @@ def load_decider(
         logger.info(
             "DSPARK_MOE: draft_step_seconds is unset and the worker runs on %s, where timing "
             "the draft pass would synchronise every step: policy %s schedules with the "
-            "target-only cost table. Set draft_step_seconds in %s (seconds of one draft "
-            "pass, e.g. from a DSPARK_PROFILE_ROUNDS profile) to count the draft",
+            "target-only cost table. Set draft_step_seconds in %s (Helm chart: "
+            "slaTiers[].scheduler.draftStepSeconds) to the seconds of one draft pass, e.g. "
+            "from a DSPARK_PROFILE_ROUNDS profile, to count the draft",
             torch.device(device).type,
             cfg.policy,
             path,

@@ -9,6 +9,7 @@ once a 0.8-step draft pass is counted: the decision shows which table is in use.
 
 from __future__ import annotations
 
+import json
 import logging
 import types
 from pathlib import Path
@@ -32,6 +33,7 @@ TABLE = SpsCostTable(
     max_batch_tokens=8,
 )
 CONFIDENCE = torch.tensor([[0.36, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
+ROOT = Path(__file__).resolve().parents[2]
 #: Draft passes of the first rounds: a slow first one (warm-up), median 0.8 s.
 DRAFT_SECONDS = (5.0, 0.8, 0.7, 0.8, 0.9, 0.8, 0.75, 0.85)
 
@@ -91,7 +93,8 @@ def test_the_median_of_the_first_rounds_is_added_between_rounds(
     assert lines == [
         "DSPARK_MOE: draft pass measured at 0.800000 s per step (median of 8 decode rounds); "
         "policy prefix now adds it to the cost table's step time (set draft_step_seconds in "
-        "the scheduler config to use a fixed value)"
+        "the scheduler config, Helm chart slaTiers[].scheduler.draftStepSeconds, to use a "
+        "fixed value)"
     ]
     # Once: later rounds pass straight through, untimed, and the policy stays.
     policy = decider.policy
@@ -144,6 +147,11 @@ def test_a_gpu_worker_times_nothing_and_says_how_to_set_it(
     ]
     assert "runs on meta" in line and "target-only cost table" in line
     assert f"Set draft_step_seconds in {env['DSPARK_SCHEDULER_CONFIG']}" in line
+    assert "(Helm chart: slaTiers[].scheduler.draftStepSeconds)" in line
+    # The value the line names is one the chart's schema has.
+    schema = json.loads((ROOT / "helm/dspark-sglang/values.schema.json").read_text())
+    scheduler = schema["properties"]["slaTiers"]["items"]["properties"]["scheduler"]
+    assert scheduler["properties"]["draftStepSeconds"]["type"] == "number"
 
 
 def test_the_worker_wraps_propose_only_when_it_times(
