@@ -11,7 +11,9 @@ What a plan may change on its tier: ``minTokensPerSecPerUser``, the scheduler's 
 keys (``policy``, ``blockSize``, ``lagSteps``/``staticK``, ``maxVerifyTokens``,
 ``maxRunningRequests``), the cost table and STS reference, and the replica count when a
 load is given. Everything else (``greedyOnly``, resources, model paths, other tiers)
-stays as it was.
+stays as it was, except ``draftStepSeconds``, dropped when the planned policy is not
+``prefix`` or ``lagged`` (the only ones that read it). The plan never sets it: a profile
+times the target alone, so the draft pass's time has no source here.
 
 Refusals, each naming both sides and the fix: a profile measured at another TP degree
 than the tier runs, on another hardware group than the tier's table names, or for
@@ -35,6 +37,7 @@ from typing import Any
 import yaml
 
 from dspark_sglang.planning.planner import PlanError, PlannedTier, tier_name
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 
 __all__ = [
     "CostTableSource",
@@ -213,6 +216,10 @@ def _check_identity(
 
 def _planned_scheduler(old: Mapping[str, Any] | None, planned: Mapping[str, Any]) -> dict:
     out = {k: v for k, v in (old or {}).items() if k not in _PLANNED_SCHEDULER_KEYS}
+    if planned["policy"] not in NEEDS_COST_TABLE:
+        # The operator's draft-pass time is kept only where the planned policy reads it
+        # (the chart refuses it on any other policy, as SchedulerConfig does).
+        out.pop("draftStepSeconds", None)
     out.update({k: v for k, v in planned.items() if k != "greedyOnly"})
     out.setdefault("greedyOnly", planned.get("greedyOnly", False))
     return out

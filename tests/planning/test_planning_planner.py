@@ -15,7 +15,7 @@ from chart_tools import helm_bin
 
 from dspark_sglang.cli import main
 from dspark_sglang.planning.frontier import PolicySpec
-from dspark_sglang.planning.planner import PlanError, Planner, tier_name
+from dspark_sglang.planning.planner import PlanError, PlannedTier, Planner, tier_name
 from dspark_sglang.planning.values_edit import (
     CostTableSource,
     ProfileIdentity,
@@ -91,6 +91,66 @@ def test_values_validate_against_chart_schema(planner: Planner, table) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(_merge(defaults, bad), schema)
     assert tier_name(80.5) == "sla-80-5"
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("policy", ["lagged", "prefix", "mtp1", "none"])
+def test_a_plan_keeps_the_draft_pass_only_where_the_planned_policy_reads_it(
+    policy: str, tmp_path: Path
+) -> None:
+    """The operator's ``draftStepSeconds`` survives a plan that keeps a cost-table policy,
+    and is dropped when the plan moves the tier to one the chart refuses it on."""
+    base = {
+        "slaTiers": [
+            {
+                "name": "interactive",
+                "minTokensPerSecPerUser": 120,
+                "tp": 1,
+                "gpusPerPod": 1,
+                "scheduler": {
+                    "policy": "lagged",
+                    "blockSize": 7,
+                    "lagSteps": 2,
+                    "maxVerifyTokens": 96,
+                    "maxRunningRequests": 16,
+                    "greedyOnly": True,
+                    "draftStepSeconds": 0.004,
+                },
+                "costTable": {"hardwareGroup": "test-hw", "version": "3f1664f4b5"},
+                "sts": {"configMapName": "dspark-sts"},
+            }
+        ]
+    }
+    # Only the scheduler keys are read from a planned tier here, not its simulation.
+    planned = PlannedTier(120.0, PolicySpec(policy), 16, 96, 7, result=None)  # type: ignore[arg-type]
+    doc = apply_plan(
+        base,
+        [planned],
+        {120.0: "interactive"},
+        ProfileIdentity("test-hw", "test-model", 1, "3f1664f4b5"),
+        cost_table=CostTableSource(
+            published={"hardwareGroup": "test-hw", "version": "3f1664f4b5"}, inline=None
+        ),
+        sts=None,
+    )
+    sched = doc["slaTiers"][0]["scheduler"]
+    assert sched["policy"] == policy and sched["greedyOnly"] is True
+    kept = policy in ("lagged", "prefix")
+    assert sched.get("draftStepSeconds") == (0.004 if kept else None)
+    out = tmp_path / "values.yaml"
+    out.write_text(yaml.safe_dump({"model": {"slug": "test-model"}, **doc}))
+    proc = subprocess.run(
+        [str(helm_bin()), "template", "dspark", str(CHART), "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (cm,) = [
+        d
+        for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+    ]
+    cfg = SchedulerConfig.from_dict(yaml.safe_load(cm["data"]["scheduler.yaml"]))
+    assert cfg.draft_step_seconds == (0.004 if kept else None)
 
 
 @pytest.mark.helm
