@@ -39,10 +39,11 @@ Checked, 3 prompts of mixed length x 24 greedy tokens:
   SGLang drafter sees the same Qwen3 hidden states as the training-side one;
   at least one draft is accepted.
 * a full-vocabulary drafter shipped with a greedy map (``greedy_draft_vocab_size``)
-  under ``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``: the output is HF greedy, the draft log
-  says the map is used, and the verify and correct-draft counts are those of the
-  drafter narrowed to the map (``restricted_to``), which differ from the full
-  drafter's (the map leaves out the token the target repeats most).
+  under ``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``: the output is HF greedy, and the
+  verify and correct-draft counts are those of the drafter narrowed to the map
+  (``restricted_to``), which differ from the full drafter's (the map leaves out the
+  token the target repeats most): the engine drafted over the map. (The load log
+  line is checked in ``test_sglang_moe_draft_model.py``; engines log at warning.)
 """
 
 from __future__ import annotations
@@ -209,7 +210,6 @@ def test_a_greedy_map_is_drafted_over_under_the_argmax_draft(
     greedy_verify_all_reference: Any,
     verify_all_engine_outputs: Any,
     tmp_path: Path,
-    capfd: pytest.CaptureFixture[str],
 ) -> None:
     full = shaped_drafter(
         target, block_size=BLOCK, sliding_window=WINDOW, num_hidden_layers=1, markov_rank=16
@@ -241,7 +241,6 @@ def test_a_greedy_map_is_drafted_over_under_the_argmax_draft(
         NEW_TOKENS,
         env={GREEDY_DRAFT_ENV: "1"},
     )
-    logged = capfd.readouterr()
     for i, (o, ref) in enumerate(zip(outputs, hf_qwen3_reference, strict=True)):
         assert list(o["output_ids"]) == ref, f"prompt {i}: DSPARK_MOE with a greedy map != greedy"
     sglang = [
@@ -249,6 +248,3 @@ def test_a_greedy_map_is_drafted_over_under_the_argmax_draft(
         for o in outputs
     ]
     assert sglang == _counts(narrowed), f"SGLang {sglang}, full drafter {_counts(whole)}"
-    assert f"greedy draft over the drafter's {DRAFT_VOCAB}-token greedy map" in (
-        logged.out + logged.err
-    )
