@@ -52,6 +52,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "map is printed (drafts outside it are lost)",
     )
     p.add_argument(
+        "--greedy-draft-vocab-size",
+        type=int,
+        default=None,
+        metavar="K",
+        help="ship the full drafter plus a greedy map of the K most frequent response tokens "
+        "(and EOS) of --draft-vocab-data, ranked as --draft-vocab-by says: SGLang drafts over "
+        "the map only when it drafts by argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1, greedy-only "
+        "tiers) and over the whole vocabulary otherwise; the map's coverage is printed",
+    )
+    p.add_argument(
         "--draft-vocab-data",
         type=Path,
         default=None,
@@ -83,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
             draft_vocab_size=args.draft_vocab_size,
             draft_vocab_data=args.draft_vocab_data,
             draft_vocab_by=args.draft_vocab_by,
+            greedy_draft_vocab_size=args.greedy_draft_vocab_size,
             progress=True,
         )
     except (ValueError, FileNotFoundError) as exc:  # CheckpointError is a ValueError
@@ -92,18 +103,23 @@ def _run(args: argparse.Namespace) -> int:
         f"exported {res.kind} drafter {res.source} -> {res.dest} ({res.size_bytes / 2**20:.1f} MiB)"
         + (f"; kept {', '.join(res.kept)}" if res.kept else "")
     )
-    if res.draft_vocab is not None:
-        cov = res.draft_vocab
-        print(
-            f"token map: {cov['draft_vocab_size']} of {cov['vocab_size']} tokens, covering "
-            f"{float(cov['coverage']):.1%} of {cov['response_tokens']} response tokens"
-            + (
-                f" and {float(cov['mass_coverage']):.1%} of the target's probability there"
-                if "mass_coverage" in cov
-                else ""
-            )
-        )
+    for label, cov in (("token map", res.draft_vocab), ("greedy map", res.greedy_draft_vocab)):
+        if cov is not None:
+            print(f"{label}: {_coverage_line(cov)}")
     return 0
+
+
+def _coverage_line(cov: dict[str, object]) -> str:
+    """``8192 of 49152 tokens, covering 99.1% of 1234 response tokens ...``."""
+    return (
+        f"{cov['draft_vocab_size']} of {cov['vocab_size']} tokens, covering "
+        f"{float(cov['coverage']):.1%} of {cov['response_tokens']} response tokens"
+        + (
+            f" and {float(cov['mass_coverage']):.1%} of the target's probability there"
+            if "mass_coverage" in cov
+            else ""
+        )
+    )
 
 
 COMMAND = Command(

@@ -68,7 +68,7 @@ _HF_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
 )
 _HF_OPTIONAL_KEYS: frozenset[str] = frozenset({"torch_dtype"})  # absent in old checkpoints
 # dspark_config fields that may be absent (older checkpoints), with the value absence means.
-_OPTIONAL_FIELDS: dict[str, Any] = {"draft_vocab_size": None}
+_OPTIONAL_FIELDS: dict[str, Any] = {"draft_vocab_size": None, "greedy_draft_vocab_size": None}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -240,6 +240,8 @@ class DSparkConfig:
     the injected context (``None``: unbounded). ``draft_vocab_size`` ``K`` restricts
     what the drafter proposes to ``K`` target tokens (``model/vocab.py``; ``None``:
     the whole vocabulary); the token ids themselves are a checkpoint tensor.
+    ``greedy_draft_vocab_size`` ``K`` gives a full-vocabulary drafter a second map
+    that only SGLang's argmax draft uses (``model/vocab.py``, "The greedy map").
     """
 
     vocab_size: int
@@ -272,6 +274,7 @@ class DSparkConfig:
     qk_norm: bool = True
     target_name: str
     draft_vocab_size: int | None = None
+    greedy_draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         o = "DSparkConfig"
@@ -355,6 +358,16 @@ class DSparkConfig:
         _check_bool(o, "qk_norm", self.qk_norm)
         if self.draft_vocab_size is not None:
             _check_int(o, "draft_vocab_size", self.draft_vocab_size, lo=1, hi=self.vocab_size)
+        if self.greedy_draft_vocab_size is not None:
+            greedy = self.greedy_draft_vocab_size
+            _check_int(o, "greedy_draft_vocab_size", greedy, lo=1, hi=self.vocab_size)
+            if self.draft_vocab_size is not None:
+                raise ValueError(
+                    f"{o}.greedy_draft_vocab_size={greedy} needs a full-vocabulary drafter, "
+                    f"but draft_vocab_size={self.draft_vocab_size}: a reduced drafter already "
+                    "drafts over its map for every request; drop greedy_draft_vocab_size, or "
+                    "export the full drafter with --greedy-draft-vocab-size alone"
+                )
         if not isinstance(self.target_name, str) or not self.target_name:
             raise ValueError(
                 f"{o}.target_name must be a non-empty string naming the target the "

@@ -39,7 +39,13 @@ from dspark_sglang.model.heads import (
     build_markov_head,
 )
 from dspark_sglang.model.moe import DenseFFN, ExpertBank, MoEFFN
-from dspark_sglang.model.vocab import DRAFT_VOCAB_BUFFER, DraftVocab, MappedRows, scatter_to_vocab
+from dspark_sglang.model.vocab import (
+    DRAFT_VOCAB_BUFFER,
+    GREEDY_DRAFT_VOCAB_BUFFER,
+    DraftVocab,
+    MappedRows,
+    scatter_to_vocab,
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,12 @@ class DSparkDrafter(nn.Module):
             self.register_buffer(
                 DRAFT_VOCAB_BUFFER, torch.arange(config.draft_vocab_size, dtype=torch.int64)
             )
+        if config.greedy_draft_vocab_size is not None:
+            # The greedy map: saved with the weights, never used for drafting here.
+            self.register_buffer(
+                GREEDY_DRAFT_VOCAB_BUFFER,
+                torch.arange(config.greedy_draft_vocab_size, dtype=torch.int64),
+            )
         self._lm_head_rows = MappedRows()
         self.reset_parameters()
 
@@ -175,6 +187,35 @@ class DSparkDrafter(nn.Module):
         if self.config.draft_vocab_size is None:
             return None
         return DraftVocab(getattr(self, DRAFT_VOCAB_BUFFER).cpu(), self.config.vocab_size)
+
+    @property
+    def greedy_vocab(self) -> DraftVocab | None:
+        """The greedy map SGLang's argmax draft uses (``None`` when there is none)."""
+        if self.config.greedy_draft_vocab_size is None:
+            return None
+        return DraftVocab(getattr(self, GREEDY_DRAFT_VOCAB_BUFFER).cpu(), self.config.vocab_size)
+
+    @torch.no_grad()
+    def with_greedy_vocab(self, vocab: DraftVocab | None) -> DSparkDrafter:
+        """A copy of this drafter carrying ``vocab`` as its greedy map (``None``: none).
+
+        Drafting is unchanged (the map only matters to SGLang's argmax draft), so every
+        weight is shared by value; the drafter must cover the whole vocabulary.
+        """
+        if vocab is not None and vocab.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"greedy map over a {vocab.vocab_size}-token vocabulary, but the drafter's "
+                f"target has {self.config.vocab_size}; build the map for this target"
+            )
+        size = None if vocab is None else vocab.size
+        config = replace(self.config, greedy_draft_vocab_size=size)  # validates
+        out = DSparkDrafter(config, self.embed_tokens, self.lm_head)
+        state = self.state_dict()
+        state.pop(GREEDY_DRAFT_VOCAB_BUFFER, None)
+        if vocab is not None:
+            state[GREEDY_DRAFT_VOCAB_BUFFER] = vocab.ids.clone()
+        out.load_state_dict(state)
+        return out.to(next(self.parameters()).device)
 
     @torch.no_grad()
     def set_draft_vocab(self, vocab: DraftVocab) -> None:
@@ -203,7 +244,8 @@ class DSparkDrafter(nn.Module):
         map (renormalised over it). Verification stays lossless for any draft
         distribution; what is lost is the drafter's mass outside the map. Everything
         else (backbone, confidence head, the Markov input table) is shared by value.
-        ``vocab`` must lie inside this drafter's own map when it has one.
+        ``vocab`` must lie inside this drafter's own map when it has one. A greedy map
+        is dropped: the copy drafts over ``vocab`` for every request.
         """
         if vocab.vocab_size != self.config.vocab_size:
             raise ValueError(
@@ -219,9 +261,10 @@ class DSparkDrafter(nn.Module):
                     "the token map holds tokens outside this drafter's own map "
                     f"(draft_vocab_size={own.size}); a drafter can only be narrowed"
                 )
-        config = replace(self.config, draft_vocab_size=vocab.size)
+        config = replace(self.config, draft_vocab_size=vocab.size, greedy_draft_vocab_size=None)
         out = DSparkDrafter(config, self.embed_tokens, self.lm_head)
         state = self.state_dict()
+        state.pop(GREEDY_DRAFT_VOCAB_BUFFER, None)
         state[DRAFT_VOCAB_BUFFER] = vocab.ids.clone()
         for name, t in state.items():
             if name.endswith("markov_w2.weight"):

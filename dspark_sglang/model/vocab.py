@@ -14,6 +14,14 @@ verification compares ``p_d`` and ``p_t`` over the whole vocabulary as before;
 a target token outside ``S`` is never drafted but is still produced by the
 residual and bonus samples. Training keeps the total-variation term exact: the
 target's mass outside ``S`` counts in full (:func:`reduced_l1`).
+
+The greedy map: a full-vocabulary drafter may also carry a second map,
+``greedy_draft_vocab_size = K`` with the ids in the tensor ``greedy_draft_vocab``.
+Drafting ignores it; SGLang's ``DSPARK_MOE`` model class drafts over it exactly as
+over a ``draft_vocab_size`` map, but only when SGLang drafts by argmax
+(``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``, a greedy-only tier): a greedy request loses a
+draft only where the target's argmax lies outside the map, while sampled requests
+would lose every sample outside it.
 """
 
 from __future__ import annotations
@@ -25,29 +33,46 @@ import torch
 
 #: Name of the drafter buffer (and checkpoint tensor) holding ``S`` as int64 ``[K]``.
 DRAFT_VOCAB_BUFFER = "draft_vocab_ids"
+#: Config key (``dspark_config``) of the token map's size ``K``.
+DRAFT_VOCAB_SIZE_KEY = "draft_vocab_size"
+#: Name of the drafter buffer (and checkpoint tensor) holding the greedy map, int64 ``[K]``.
+GREEDY_DRAFT_VOCAB_BUFFER = "greedy_draft_vocab"
+#: Config key (``dspark_config``) of the greedy map's size ``K``.
+GREEDY_DRAFT_VOCAB_SIZE_KEY = "greedy_draft_vocab_size"
 
 
-def check_draft_vocab_ids(ids: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> None:
-    """Refuse a token map that is not ``draft_vocab_size`` distinct ascending ids in ``[0, V)``."""
+def check_draft_vocab_ids(
+    ids: torch.Tensor,
+    vocab_size: int,
+    draft_vocab_size: int,
+    *,
+    tensor_name: str = DRAFT_VOCAB_BUFFER,
+    size_key: str = DRAFT_VOCAB_SIZE_KEY,
+) -> None:
+    """Refuse a token map that is not ``draft_vocab_size`` distinct ascending ids in ``[0, V)``.
+
+    ``tensor_name``/``size_key``: the checkpoint tensor and config key the errors name
+    (the greedy map passes its own).
+    """
     if ids.dtype != torch.int64 or ids.dim() != 1:
         raise ValueError(
-            f"{DRAFT_VOCAB_BUFFER} must be a 1-D int64 tensor, got {ids.dtype} of shape "
+            f"{tensor_name} must be a 1-D int64 tensor, got {ids.dtype} of shape "
             f"{tuple(ids.shape)}; rebuild the map with DraftVocab.from_counts"
         )
     if ids.numel() != draft_vocab_size:
         raise ValueError(
-            f"{DRAFT_VOCAB_BUFFER} has {ids.numel()} ids but draft_vocab_size={draft_vocab_size}; "
+            f"{tensor_name} has {ids.numel()} ids but {size_key}={draft_vocab_size}; "
             "the token map and config.json disagree (re-save the drafter)"
         )
     ids = ids.detach().cpu()
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(
-            f"{DRAFT_VOCAB_BUFFER} holds ids outside the target vocabulary [0, {vocab_size}); "
+            f"{tensor_name} holds ids outside the target vocabulary [0, {vocab_size}); "
             "the token map was built for another target (re-train the drafter for this one)"
         )
     if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
         raise ValueError(
-            f"{DRAFT_VOCAB_BUFFER} must be strictly ascending (distinct ids, sorted); "
+            f"{tensor_name} must be strictly ascending (distinct ids, sorted); "
             "rebuild the map with DraftVocab.from_counts"
         )
 

@@ -33,6 +33,10 @@ exactly three places, and only those are replaced here:
    Drafts are then target ids, the draft distribution is zero outside the map and
    verification is unchanged (lossless). Under tensor parallelism the target's
    full logits are masked instead (same values, no saving).
+   A full-vocabulary drafter's *greedy map* (``greedy_draft_vocab_size``) takes the
+   same path when SGLang drafts by argmax (``SGLANG_DSPARK_USE_GREEDY_DRAFT`` on
+   when the class is built): ``markov_w2``'s rows of the map are kept at load. With
+   the argmax draft off the map is validated and ignored.
 4. **Config and weight names.** The checkpoint ``save_drafter`` writes is read
    as is: ``config.json`` (``model_type`` ``dspark_moe``, our ``dspark_config``)
    through a transformers config class registered by the plugin, and
@@ -53,6 +57,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from sglang.srt.environ import envs
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 from sglang.srt.model_loader.weight_utils import default_weight_loader
@@ -65,6 +70,8 @@ from dspark_sglang.model.config import HF_ARCHITECTURE, DSparkConfig
 from dspark_sglang.model.moe import MoEFFN, route
 from dspark_sglang.model.vocab import (
     DRAFT_VOCAB_BUFFER,
+    GREEDY_DRAFT_VOCAB_BUFFER,
+    GREEDY_DRAFT_VOCAB_SIZE_KEY,
     MappedRows,
     check_draft_vocab_ids,
     scatter_to_vocab,
@@ -292,9 +299,9 @@ class DraftVocabBias:
     def configure_tp_shard(self, *, lm_head: Any, prefer_nvlink: bool) -> None:
         del lm_head, prefer_nvlink
         raise CheckpointError(
-            "a drafter with a reduced vocabulary (draft_vocab_size) has a K-row markov_w2 "
-            "that cannot be sharded by the target's vocabulary; unset "
-            "SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD"
+            "a drafter with a reduced vocabulary (draft_vocab_size, or a greedy map under "
+            "SGLANG_DSPARK_USE_GREEDY_DRAFT=1) has a K-row markov_w2 that cannot be sharded "
+            "by the target's vocabulary; unset SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD"
         )
 
 
@@ -314,7 +321,15 @@ def _draft_vocab_head(head: Any, draft_vocab_size: int, hidden_size: int) -> Any
 
 
 class DSparkMoEDraftModel(DSparkDraftModel):
-    """SGLang draft class for checkpoints written by ``save_drafter`` (``DSparkMoEDraftModel``)."""
+    """SGLang draft class for checkpoints written by ``save_drafter`` (``DSparkMoEDraftModel``).
+
+    ``dspark_draft_vocab_size``: the ``K`` of the map it drafts over (``None``: the whole
+    vocabulary), the checkpoint's ``draft_vocab_size`` or, under the argmax draft, its
+    ``greedy_draft_vocab_size``; ``dspark_uses_greedy_map`` says which.
+    """
+
+    #: The markov_w2 weight a greedy map slices at load (its checkpoint name).
+    _MARKOV_W2 = "markov_head.markov_w2.weight"
 
     decoder_layer_cls = DSparkMoEDecoderLayer
     # The fused context-KV kernels assume SGLang's dense layout; keep the plain path.
@@ -344,9 +359,18 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             # SGLang builds a head in non-static ragged modes whatever the flag says.
             self.confidence_head = None
         self._lm_head_rows = MappedRows()
-        if dspark.draft_vocab_size is not None:
+        # Read when the class is built, as SGLang's worker reads it when it starts.
+        self.dspark_uses_greedy_map = dspark.greedy_draft_vocab_size is not None and bool(
+            envs.SGLANG_DSPARK_USE_GREEDY_DRAFT.get()
+        )
+        self.dspark_draft_vocab_size = (
+            dspark.greedy_draft_vocab_size
+            if self.dspark_uses_greedy_map
+            else dspark.draft_vocab_size
+        )
+        if self.dspark_draft_vocab_size is not None:
             self.markov_head = _draft_vocab_head(
-                self.markov_head, dspark.draft_vocab_size, dspark.hidden_size
+                self.markov_head, self.dspark_draft_vocab_size, dspark.hidden_size
             )
             in_map = torch.zeros(dspark.vocab_size, dtype=torch.bool)
             self.register_buffer("draft_vocab_mask", in_map, persistent=False)
@@ -358,7 +382,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
         (gathered once), then scattered into ``V`` columns. Otherwise (TP, quantized or
         muP heads) SGLang's own logits are masked: the same values at full cost.
         """
-        if self.dspark_config.draft_vocab_size is None:
+        if self.dspark_draft_vocab_size is None:
             return super().compute_base_logits(hidden)
         head = self.lm_head
         ids = self.markov_head.draft_vocab_ids
@@ -391,6 +415,32 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             check_draft_vocab_ids(tensor, cfg.vocab_size, cfg.draft_vocab_size)
         except ValueError as exc:
             raise CheckpointError(f"draft checkpoint: {exc}") from exc
+        self._install_draft_vocab(tensor)
+
+    def _load_greedy_vocab(self, name: str, tensor: torch.Tensor) -> None:
+        """Validate the checkpoint's greedy map; install it when the argmax draft is on."""
+        cfg = self.dspark_config
+        if cfg.greedy_draft_vocab_size is None:
+            raise CheckpointError(
+                f"draft checkpoint has a greedy map {name!r} but config.json has no "
+                f"{GREEDY_DRAFT_VOCAB_SIZE_KEY}; the weights do not match config.json "
+                "(re-save the drafter)"
+            )
+        try:
+            check_draft_vocab_ids(
+                tensor,
+                cfg.vocab_size,
+                cfg.greedy_draft_vocab_size,
+                tensor_name=GREEDY_DRAFT_VOCAB_BUFFER,
+                size_key=GREEDY_DRAFT_VOCAB_SIZE_KEY,
+            )
+        except ValueError as exc:
+            raise CheckpointError(f"draft checkpoint: {exc}") from exc
+        if self.dspark_uses_greedy_map:
+            self._install_draft_vocab(tensor)
+
+    def _install_draft_vocab(self, tensor: torch.Tensor) -> None:
+        """Put a validated token map into the Markov head and the mask."""
         with torch.no_grad():
             ids = self.markov_head.draft_vocab_ids
             ids.copy_(tensor.to(ids.device))
@@ -422,9 +472,14 @@ class DSparkMoEDraftModel(DSparkDraftModel):
         from sglang.srt.runtime_context import get_parallel
 
         tp_size = int(get_parallel().tp_size)
+        full_w2: torch.Tensor | None = None  # the V-row markov_w2 a greedy map slices
         for name, tensor in weights:
             if name == DRAFT_VOCAB_BUFFER:
                 self._load_draft_vocab(name, tensor)
+                loaded.add(name)
+                continue
+            if name == GREEDY_DRAFT_VOCAB_BUFFER:
+                self._load_greedy_vocab(name, tensor)
                 loaded.add(name)
                 continue
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -432,6 +487,10 @@ class DSparkMoEDraftModel(DSparkDraftModel):
                     f"draft tensor {name!r} has non-finite values (NaN/inf); the training "
                     "run diverged, use an earlier checkpoint"
                 )
+            if self.dspark_uses_greedy_map and name == self._MARKOV_W2:
+                full_w2 = tensor  # sliced once the map is known (tensors come in any order)
+                loaded.add(name)
+                continue
             if name.startswith("confidence_head.") and self.confidence_head is None:
                 continue  # SGLang's static ragged mode builds no confidence head
             parts = name.split(".")
@@ -466,12 +525,45 @@ class DSparkMoEDraftModel(DSparkDraftModel):
         expected = set(params)
         if self.dspark_config.draft_vocab_size is not None:
             expected.add(DRAFT_VOCAB_BUFFER)
+        if self.dspark_config.greedy_draft_vocab_size is not None:
+            expected.add(GREEDY_DRAFT_VOCAB_BUFFER)
         missing = sorted(expected - loaded)
         if missing:
             raise CheckpointError(
                 f"draft checkpoint is missing tensors for {missing}; the weights do not match "
                 "config.json (re-save the drafter)"
             )
+        self._finish_greedy_map(full_w2)
+
+    def _finish_greedy_map(self, full_w2: torch.Tensor | None) -> None:
+        """Keep ``markov_w2``'s rows of the greedy map (argmax draft on); log which map is used."""
+        cfg = self.dspark_config
+        if cfg.greedy_draft_vocab_size is None:
+            return
+        if not self.dspark_uses_greedy_map:
+            logger.info(
+                "DSPARK_MOE: the drafter's %d-token greedy map is ignored because the argmax "
+                "draft is off (SGLANG_DSPARK_USE_GREEDY_DRAFT); drafting over the whole "
+                "vocabulary",
+                cfg.greedy_draft_vocab_size,
+            )
+            return
+        assert full_w2 is not None  # the missing-tensor check above
+        w2 = self.markov_head.markov_w2.weight
+        want = (cfg.vocab_size, w2.shape[1])
+        if tuple(full_w2.shape) != want:
+            raise CheckpointError(
+                f"draft tensor {self._MARKOV_W2!r} has shape {tuple(full_w2.shape)}, the model "
+                f"built from config.json needs {want}; the weights do not match config.json "
+                "(re-save the drafter)"
+            )
+        ids = self.markov_head.draft_vocab_ids
+        with torch.no_grad():
+            w2.copy_(full_w2.to(w2.device)[ids.to(w2.device)])
+        logger.info(
+            "DSPARK_MOE: greedy draft over the drafter's %d-token greedy map",
+            cfg.greedy_draft_vocab_size,
+        )
 
 
 def register_model_class() -> None:

@@ -395,6 +395,12 @@ class DrafterSection:
                     f"drafter.model.{banned} is set elsewhere: use drafter.block_size / "
                     "target.layer_ids so all drafters and the data cache agree"
                 )
+        if "greedy_draft_vocab_size" in self.model:
+            raise ValueError(
+                "drafter.model.greedy_draft_vocab_size is not a training setting: the greedy "
+                "map is added when shipping, with export-drafter --greedy-draft-vocab-size K "
+                "--draft-vocab-data DIR; drop it from drafter.model"
+            )
         if self.kind == "dflash" and self.model.get("markov_head_type", "none") != "none":
             raise ValueError(
                 "drafter.kind 'dflash' is the parallel drafter without a sequential head; "

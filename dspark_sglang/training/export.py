@@ -12,6 +12,11 @@ response tokens only (``DSparkDrafter.restricted_to``): the same weights, a chea
 draft pass, the drafter's distribution renormalised over the map. ``draft_vocab_by``
 ranks the tokens by how often the responses hold them (``count``) or by the target's
 probability mass over the response positions (``mass``, ``response_token_mass``).
+
+``greedy_draft_vocab_size`` (with the same ``draft_vocab_data`` and ranking) ships the
+full drafter instead, plus a greedy map of ``K`` tokens (``DSparkDrafter.with_greedy_vocab``):
+SGLang drafts over it only when it drafts by argmax (``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``,
+greedy-only tiers) and over the whole vocabulary otherwise.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class ExportResult:
     kept: tuple[str, ...]
     #: ``training.token_map.coverage_report`` of the map the export applied, if any.
     draft_vocab: dict[str, object] | None = None
+    #: ``coverage_report`` of the greedy map the export added, if any.
+    greedy_draft_vocab: dict[str, object] | None = None
 
 
 def export_drafter(
@@ -49,6 +56,7 @@ def export_drafter(
     draft_vocab_size: int | None = None,
     draft_vocab_data: Path | None = None,
     draft_vocab_by: str = "count",
+    greedy_draft_vocab_size: int | None = None,
     progress: bool = False,
 ) -> ExportResult:
     """Export the DSpark/DFlash drafter at ``source`` to ``dest`` (see the module doc).
@@ -58,7 +66,18 @@ def export_drafter(
     (``CheckpointError`` included) or ``FileNotFoundError`` naming the flag and
     the fix, before anything is written.
     """
-    if (draft_vocab_size is None) != (draft_vocab_data is None):
+    if draft_vocab_size is not None and greedy_draft_vocab_size is not None:
+        raise ValueError(
+            "--draft-vocab-size and --greedy-draft-vocab-size exclude each other: the first "
+            "narrows the drafter for every request, the second ships the full drafter with a "
+            "map for greedy-only tiers; pass one of them"
+        )
+    if greedy_draft_vocab_size is not None and draft_vocab_data is None:
+        raise ValueError(
+            "--greedy-draft-vocab-size needs --draft-vocab-data DIR: the data-stage folder "
+            "whose responses the greedy map is counted from"
+        )
+    if (draft_vocab_size is None and greedy_draft_vocab_size is None) != (draft_vocab_data is None):
         raise ValueError(
             "--draft-vocab-size and --draft-vocab-data go together: the size K of the token "
             "map and the data-stage folder whose responses it is counted from"
@@ -99,8 +118,10 @@ def export_drafter(
     drafter = load_drafter(
         ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
     )
-    coverage = None
-    if draft_vocab_size is not None and draft_vocab_data is not None:
+    coverage = greedy_coverage = None
+    map_size = draft_vocab_size if draft_vocab_size is not None else greedy_draft_vocab_size
+    flag = "--draft-vocab-size" if draft_vocab_size is not None else "--greedy-draft-vocab-size"
+    if map_size is not None and draft_vocab_data is not None:
         from dspark_sglang.training.token_map import (
             build_draft_vocab,
             coverage_report,
@@ -114,11 +135,18 @@ def export_drafter(
             mass = response_token_mass(draft_vocab_data, model, spec.vocab_size, progress=progress)
         ranking = counts if mass is None else mass
         try:
-            vocab = build_draft_vocab(draft_vocab_data, spec.vocab_size, draft_vocab_size, ranking)
+            vocab = build_draft_vocab(draft_vocab_data, spec.vocab_size, map_size, ranking)
         except ValueError as exc:
-            raise ValueError(f"--draft-vocab-size: {exc}") from exc
-        drafter = drafter.restricted_to(vocab)
-        coverage = coverage_report(counts, vocab, mass)
+            raise ValueError(f"{flag}: {exc}") from exc
+        if draft_vocab_size is not None:
+            drafter = drafter.restricted_to(vocab)
+            coverage = coverage_report(counts, vocab, mass)
+        else:
+            try:
+                drafter = drafter.with_greedy_vocab(vocab)
+            except ValueError as exc:  # the source drafter is already narrowed
+                raise ValueError(f"{flag}: {exc}") from exc
+            greedy_coverage = coverage_report(counts, vocab, mass)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--to {dest} is a file; give a folder")
     for name in EXPORTED_FILES:
@@ -128,4 +156,4 @@ def export_drafter(
         shutil.copyfile(sts, dest / "sts.json")
     size = sum(dest.joinpath(n).stat().st_size for n in EXPORTED_FILES if (dest / n).is_file())
     kept = tuple(sorted(p.name for p in dest.iterdir() if p.name not in EXPORTED_FILES))
-    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept, coverage)
+    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept, coverage, greedy_coverage)

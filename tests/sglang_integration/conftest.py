@@ -97,9 +97,15 @@ def shaped_drafter() -> Any:
 
 
 def _verify_all_engine_outputs(
-    model_path: Path, drafter: Any, workdir: Path, prompts: list[list[int]], n: int
+    model_path: Path,
+    drafter: Any,
+    workdir: Path,
+    prompts: list[list[int]],
+    n: int,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """``drafter`` saved with ``save_drafter`` and run by DSPARK_MOE, every slot verified."""
+    """``drafter`` saved with ``save_drafter`` and run by DSPARK_MOE, every slot verified
+    (``env``: more of the engine's environment)."""
     from dspark_sglang.model import save_drafter
     from dspark_sglang.sglang_integration.engine import (
         CpuEngineSpec,
@@ -115,7 +121,7 @@ def _verify_all_engine_outputs(
             "speculative_draft_model_path": str(folder),
         },
         # Verify every drafted slot, as ReferenceGenerator's VerifyAll does.
-        env={"SGLANG_RAGGED_VERIFY_MODE": "static"},
+        env={"SGLANG_RAGGED_VERIFY_MODE": "static", **(env or {})},
     )
     with cpu_engine(spec) as engine:
         return generate_outputs(engine, prompts, n)
@@ -135,7 +141,8 @@ def _greedy_verify_all_reference(
 
 @pytest.fixture(scope="session")
 def verify_all_engine_outputs() -> Any:
-    """``run(model_path, drafter, workdir, prompts, n)`` -> DSPARK_MOE outputs (meta_info)."""
+    """``run(model_path, drafter, workdir, prompts, n, env=None)`` -> DSPARK_MOE outputs
+    (meta_info)."""
     return _verify_all_engine_outputs
 
 

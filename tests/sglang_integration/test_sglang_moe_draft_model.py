@@ -20,6 +20,7 @@ refused with the field named.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -382,6 +383,99 @@ def test_bad_checkpoints_are_refused(sglang_runtime: None, tmp_path: Path) -> No
     unsorted = dict(r_weights) | {"draft_vocab_ids": r_weights["draft_vocab_ids"].flip(0)}
     with pytest.raises(CheckpointError, match="strictly ascending"):
         reduced.load_weights(unsorted.items())
+
+
+def _base_and_bias(
+    folder: Path, drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The SGLang class loaded from ``folder``: base logits and one Markov step's bias."""
+    model = _sglang_model(folder)
+    model.attach_shared_modules(
+        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    )
+    with torch.inference_mode():
+        base, _ = model.compute_base_logits(hidden)
+        head = model.markov_head
+        state = head.init_state(hidden)
+        bias, state = head.step_bias(prev, hidden_states=hidden, state=state)
+        bias2, _ = head.step_bias(prev.flip(0), hidden_states=hidden, state=state)
+    return model, base.float(), torch.cat([bias, bias2]).float()
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "rnn"])
+def test_greedy_map_drafts_as_the_narrowed_drafter_only_under_the_argmax_draft(
+    sglang_runtime: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    markov: str,
+) -> None:
+    from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
+    from dspark_sglang.sglang_integration.moe_draft_model import OFF_MAP_LOGIT
+
+    drafter = _drafter(_config(markov_head_type=markov))
+    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
+    greedy = save_drafter(drafter.with_greedy_vocab(vocab), tmp_path / "greedy")
+    narrowed = save_drafter(drafter.restricted_to(vocab), tmp_path / "narrowed")
+    full = save_drafter(drafter, tmp_path / "full")
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(5, HIDDEN, generator=gen)
+    prev = torch.randint(0, VOCAB, (5,), generator=gen)
+    log = "dspark_sglang.sglang_integration.moe_draft_model"
+
+    monkeypatch.setenv(GREEDY_DRAFT_ENV, "1")
+    with caplog.at_level(logging.INFO, logger=log):
+        model, base, bias = _base_and_bias(greedy, drafter, hidden, prev)
+    assert model.dspark_uses_greedy_map and model.dspark_draft_vocab_size == 40
+    assert "greedy draft over the drafter's 40-token greedy map" in caplog.text
+    _, want_base, want_bias = _base_and_bias(narrowed, drafter, hidden, prev)
+    torch.testing.assert_close(base, want_base, atol=0, rtol=0)
+    torch.testing.assert_close(bias, want_bias, atol=0, rtol=0)
+    off = torch.ones(VOCAB, dtype=torch.bool)
+    off[vocab.ids] = False
+    assert bool((base[:, off] == OFF_MAP_LOGIT).all())
+    # The masked fallback (TP, quantized or muP heads) masks with the greedy map too.
+    model.lm_head.tp_size = 2
+    with torch.inference_mode():
+        masked, _ = model.compute_base_logits(hidden)
+    torch.testing.assert_close(masked.float(), base, atol=ATOL, rtol=0)
+
+    caplog.clear()
+    monkeypatch.setenv(GREEDY_DRAFT_ENV, "0")
+    with caplog.at_level(logging.INFO, logger=log):
+        model, base, bias = _base_and_bias(greedy, drafter, hidden, prev)
+    assert not model.dspark_uses_greedy_map and model.dspark_draft_vocab_size is None
+    assert "40-token greedy map is ignored because the argmax draft is off" in caplog.text
+    _, want_base, want_bias = _base_and_bias(full, drafter, hidden, prev)
+    torch.testing.assert_close(base, want_base, atol=0, rtol=0)
+    torch.testing.assert_close(bias, want_bias, atol=0, rtol=0)
+    assert bool((base[:, off] > OFF_MAP_LOGIT).all())
+
+
+def test_bad_greedy_maps_are_refused_whatever_the_argmax_draft(
+    sglang_runtime: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
+
+    drafter = _drafter(_config())
+    vocab = DraftVocab(torch.arange(10, 50), VOCAB)
+    folder = save_drafter(drafter.with_greedy_vocab(vocab), tmp_path / "greedy")
+    weights = load_file(str(folder / "model.safetensors"))
+    plain = {k: v for k, v in weights.items() if k != "greedy_draft_vocab"}
+    for env in ("0", "1"):
+        monkeypatch.setenv(GREEDY_DRAFT_ENV, env)
+        model = _sglang_model(folder)
+        with pytest.raises(CheckpointError, match=r"missing tensors for \['greedy_draft_vocab'\]"):
+            model.load_weights(plain.items())
+        unsorted = plain | {"greedy_draft_vocab": weights["greedy_draft_vocab"].flip(0)}
+        with pytest.raises(CheckpointError, match="greedy_draft_vocab must be strictly ascending"):
+            model.load_weights(unsorted.items())
+        short = plain | {"greedy_draft_vocab": weights["greedy_draft_vocab"][:-1]}
+        with pytest.raises(CheckpointError, match="but greedy_draft_vocab_size=40"):
+            model.load_weights(short.items())
+        full_model = _sglang_model(save_drafter(drafter, tmp_path / f"full{env}"))
+        with pytest.raises(CheckpointError, match="no greedy_draft_vocab_size"):
+            full_model.load_weights((plain | {"greedy_draft_vocab": vocab.ids}).items())
 
 
 # --------------------------------------------------------------------------- GPU readiness

@@ -38,10 +38,18 @@ Checked, 3 prompts of mixed length x 24 greedy tokens:
   ``ReferenceGenerator`` greedy + ``VerifyAll`` with the same drafter, so the
   SGLang drafter sees the same Qwen3 hidden states as the training-side one;
   at least one draft is accepted.
+* a full-vocabulary drafter shipped with a greedy map (``greedy_draft_vocab_size``)
+  under ``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``: the output is HF greedy, and the
+  verify and correct-draft counts are those of the drafter narrowed to the map
+  (``restricted_to``), which differ from the full drafter's (the map leaves out the
+  token the target repeats most): the engine drafted over the map. (The load log
+  line is checked in ``test_sglang_moe_draft_model.py``; engines log at warning.)
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +60,7 @@ from tiny_hf_targets import save_tiny_target
 from dspark_sglang.model import DSparkDrafter
 from dspark_sglang.model.vocab import DraftVocab
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
+from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -185,3 +194,57 @@ def test_draft_ran_and_matches_the_reference_generator(
     ours = [(len(r), sum(a for _, a in r)) for r in reference.rounds]
     assert sglang == ours
     assert sum(a for _, a in ours) > 0, "no draft was ever accepted: the test exercises nothing"
+
+
+def _counts(reference: Any) -> list[tuple[int, int]]:
+    """Per request: (verify rounds, accepted drafts) of a ``ReferenceGenerator`` result."""
+    return [(len(r), sum(a for _, a in r)) for r in reference.rounds]
+
+
+def test_a_greedy_map_is_drafted_over_under_the_argmax_draft(
+    qwen3_path: Path,
+    qwen3_prompt_ids: list[list[int]],
+    target: Any,
+    shaped_drafter: Any,
+    hf_qwen3_reference: list[list[int]],
+    greedy_verify_all_reference: Any,
+    verify_all_engine_outputs: Any,
+    tmp_path: Path,
+) -> None:
+    full = shaped_drafter(
+        target, block_size=BLOCK, sliding_window=WINDOW, num_hidden_layers=1, markov_rank=16
+    )
+    # The reduced drafter's map, less the token the target's greedy path repeats most
+    # (what "the anchor again" drafts get accepted on), so the map changes the drafts.
+    pairs = (pair for row in hf_qwen3_reference for pair in pairwise(row))
+    repeats = Counter(a for a, b in pairs if a == b)
+    assert repeats, "the target never repeats a token: no draft can be accepted"
+    dropped = repeats.most_common(1)[0][0]
+    assert dropped not in target.eos_token_ids
+    seen = torch.tensor([t for row in qwen3_prompt_ids + hf_qwen3_reference for t in row])
+    counts = torch.bincount(seen, minlength=target.spec.vocab_size).double()
+    counts[dropped] = -1.0
+    vocab = DraftVocab.from_counts(counts, DRAFT_VOCAB, always=target.eos_token_ids)
+    assert dropped not in vocab.ids.tolist()
+    narrowed = greedy_verify_all_reference(
+        target, full.restricted_to(vocab), qwen3_prompt_ids, NEW_TOKENS
+    )
+    whole = greedy_verify_all_reference(target, full, qwen3_prompt_ids, NEW_TOKENS)
+    assert narrowed.outputs == whole.outputs == hf_qwen3_reference
+    assert _counts(narrowed) != _counts(whole), "the map changes no draft: the test tells nothing"
+
+    outputs = verify_all_engine_outputs(
+        qwen3_path,
+        full.with_greedy_vocab(vocab),
+        tmp_path,
+        qwen3_prompt_ids,
+        NEW_TOKENS,
+        env={GREEDY_DRAFT_ENV: "1"},
+    )
+    for i, (o, ref) in enumerate(zip(outputs, hf_qwen3_reference, strict=True)):
+        assert list(o["output_ids"]) == ref, f"prompt {i}: DSPARK_MOE with a greedy map != greedy"
+    sglang = [
+        (int(o["meta_info"]["spec_verify_ct"]), int(o["meta_info"]["spec_num_correct_drafts"]))
+        for o in outputs
+    ]
+    assert sglang == _counts(narrowed), f"SGLang {sglang}, full drafter {_counts(whole)}"

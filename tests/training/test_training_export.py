@@ -168,3 +168,45 @@ def test_export_by_mass_ranks_tokens_by_the_targets_probability(
     with pytest.raises(SystemExit):
         main([*argv[:-1], "probability"])
     assert "--draft-vocab-by: invalid choice" in capsys.readouterr().err
+
+
+def test_export_ships_the_full_drafter_with_a_greedy_map_of_the_data(
+    tiny_run: Path,
+    tiny_data_dir: Path,
+    target_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dspark_sglang.model.vocab import DraftVocab
+    from dspark_sglang.training.token_map import eos_token_ids, response_token_mass
+
+    out = tmp_path / "shipped"
+    base = ["export-drafter", "--from", str(tiny_run), "--to", str(out), "--target"]
+    base += [str(target_dir), "--dtype", "float32", "--greedy-draft-vocab-size", "16"]
+    rc = main(base)
+    assert rc == 2 and "--greedy-draft-vocab-size needs --draft-vocab-data" in (
+        capsys.readouterr().err
+    )
+    with_data = [*base, "--draft-vocab-data", str(tiny_data_dir), "--draft-vocab-by", "mass"]
+    rc = main([*with_data, "--draft-vocab-size", "16"])
+    assert rc == 2 and "exclude each other" in capsys.readouterr().err
+    assert not out.exists()
+    rc = main(with_data)
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "greedy map: 16 of" in printed.out and "of the target's probability" in printed.out
+    assert "token map:" not in printed.out
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    shipped = load_drafter(out, spec, emb, head)
+    latest = load_drafter(tiny_run / "checkpoints" / "step-000002" / "drafter", spec, emb, head)
+    # The full drafter, unchanged, plus the map --draft-vocab-by mass ranks.
+    assert shipped.draft_vocab is None and shipped.config.greedy_draft_vocab_size == 16
+    for name, t in latest.state_dict().items():
+        assert torch.equal(shipped.state_dict()[name], t), name
+    mass = response_token_mass(tiny_data_dir, model, spec.vocab_size)
+    eos = eos_token_ids(tiny_data_dir)
+    assert eos and set(eos) <= set(shipped.greedy_vocab.ids.tolist())
+    expected = DraftVocab.from_counts(mass, 16, always=eos)
+    assert torch.equal(shipped.greedy_vocab.ids, expected.ids)
