@@ -34,8 +34,8 @@ from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.model.vocab import (
     DRAFT_VOCAB_BUFFER,
     GREEDY_DRAFT_VOCAB_BUFFER,
-    GREEDY_DRAFT_VOCAB_SIZE_KEY,
     check_draft_vocab_ids,
+    check_greedy_draft_vocab_ids,
 )
 
 CONFIG_FILE = "config.json"
@@ -289,12 +289,8 @@ def load_drafter(
             raise CheckpointError(f"{weights_path}: {exc}") from exc
     if config.greedy_draft_vocab_size is not None:
         try:
-            check_draft_vocab_ids(
-                state[GREEDY_DRAFT_VOCAB_BUFFER],
-                config.vocab_size,
-                config.greedy_draft_vocab_size,
-                tensor_name=GREEDY_DRAFT_VOCAB_BUFFER,
-                size_key=GREEDY_DRAFT_VOCAB_SIZE_KEY,
+            check_greedy_draft_vocab_ids(
+                state[GREEDY_DRAFT_VOCAB_BUFFER], config.vocab_size, config.greedy_draft_vocab_size
             )
         except ValueError as exc:
             raise CheckpointError(f"{weights_path}: {exc}") from exc

@@ -131,6 +131,18 @@ class DraftVocab:
         return out.to(device) if device is not None else out
 
 
+def check_greedy_draft_vocab_ids(ids: torch.Tensor, vocab_size: int, size: int) -> None:
+    """``check_draft_vocab_ids`` for a drafter's greedy map (its errors name the greedy
+    map's tensor and config key)."""
+    check_draft_vocab_ids(
+        ids,
+        vocab_size,
+        size,
+        tensor_name=GREEDY_DRAFT_VOCAB_BUFFER,
+        size_key=GREEDY_DRAFT_VOCAB_SIZE_KEY,
+    )
+
+
 class MappedRows:
     """The rows ``ids`` of a frozen weight (an LM head), gathered once and reused.
 

@@ -74,6 +74,7 @@ from dspark_sglang.model.vocab import (
     GREEDY_DRAFT_VOCAB_SIZE_KEY,
     MappedRows,
     check_draft_vocab_ids,
+    check_greedy_draft_vocab_ids,
     scatter_to_vocab,
 )
 from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
@@ -427,13 +428,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
                 "(re-save the drafter)"
             )
         try:
-            check_draft_vocab_ids(
-                tensor,
-                cfg.vocab_size,
-                cfg.greedy_draft_vocab_size,
-                tensor_name=GREEDY_DRAFT_VOCAB_BUFFER,
-                size_key=GREEDY_DRAFT_VOCAB_SIZE_KEY,
-            )
+            check_greedy_draft_vocab_ids(tensor, cfg.vocab_size, cfg.greedy_draft_vocab_size)
         except ValueError as exc:
             raise CheckpointError(f"draft checkpoint: {exc}") from exc
         if self.dspark_uses_greedy_map:
