@@ -6,7 +6,8 @@ The page's shell blocks are the source: ``guide_commands`` reads them (a line en
 (``/models/...``, ``/runs/...``, ``/data/...``) moved under a test folder, the chart path
 made absolute, and the programs replaced by this interpreter's modules and the pinned
 helm. Nothing else is rewritten, so a flag or value changed on the page changes what the
-tests run.
+tests run. The page's input files under ``/data/`` are ``DATA_FILES``: test files that
+``provide_data`` copies under the test folder.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,13 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _SECTION = re.compile(r"^## (\d+)\. ", re.M)
 #: The page's absolute folders; a test puts each under its own root.
 PAGE_ROOTS = ("/models/", "/runs/", "/data/")
+#: The page's input files and the test files (``tests/cli/data/``) that stand in for them:
+#: the training chats (step 1) and the held-out chats (steps 5 and 7).
+DATA_FILES = {
+    "/data/my_chats.jsonl": ROOT / "tests" / "cli" / "data" / "own_target_chats.jsonl",
+    "/data/heldout.jsonl": ROOT / "tests" / "cli" / "data" / "own_target_heldout.jsonl",
+}
+_DATA_PATH = re.compile(r"(?<![\w/.-])/data/[\w./-]+")
 
 
 def guide_blocks(lang: str) -> list[tuple[int, str]]:
@@ -47,6 +56,20 @@ def guide_commands() -> list[tuple[int, str]]:
         joined = re.sub(r"\\\n\s*", " ", body)
         out += [(section, line.strip()) for line in joined.splitlines() if line.strip()]
     return out
+
+
+def page_data_paths() -> set[str]:
+    """Every ``/data/...`` path the page's YAML and shell blocks name."""
+    blocks = guide_blocks("yaml") + guide_blocks("bash")
+    return {m.group(0) for _, body in blocks for m in _DATA_PATH.finditer(body)}
+
+
+def provide_data(root: Path) -> None:
+    """Copy ``DATA_FILES`` to where the page's commands read them under ``root``."""
+    for page, source in DATA_FILES.items():
+        dest = root / page.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, dest)
 
 
 def at_root(text: str, root: Path) -> str:

@@ -2,11 +2,13 @@
 
 Reproduces the DSpark paper's offline comparison on the CPU target: every
 ``--drafter NAME=PATH`` decodes the first ``--num-prompts`` prompts of GSM8K test,
-HumanEval and MT-Bench (first turns) with the reference speculative generator at
-temperature 1 (or ``--temperature``), verifying all B drafts each round
-(``bench/acceptance.py``), and the command prints / writes the accepted length per
-round (bonus token included), its standard error, the position-wise conditional
-acceptance, and the relative gains between drafters.
+HumanEval and MT-Bench (first turns) and of every ``--prompts NAME=FILE`` (the user's
+own chats) with the reference speculative generator at temperature 1 (or
+``--temperature``), verifying all B drafts each round (``bench/acceptance.py``), and the
+command prints / writes the accepted length per round (bonus token included), its
+standard error, the position-wise conditional acceptance, and the relative gains
+between drafters. This module only parses and prints; loading lives in
+``bench/acceptance.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
 
-__all__ = ["COMMAND", "parse_drafter_specs"]
+__all__ = ["COMMAND", "parse_drafter_specs", "parse_eval_sets", "parse_prompt_specs"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
+#: --eval-sets value for "no built-in set" (only the --prompts sets).
+_NO_SETS = "none"
 
 _ACCEPTANCE_HELP = "Accepted length per round of drafters on the eval sets."
 _ACCEPTANCE_DESCRIPTION = """\
@@ -35,6 +39,17 @@ drafter. Output: a table (rows drafters, columns eval sets + macro average,
 mean +- standard error over requests), relative gains of the first drafter over
 the others, a JSON with every per-round count (--out) and a two-panel PNG
 (--plot).
+
+Your own prompts: --prompts NAME=FILE adds the chat JSONL FILE as an eval set
+called NAME (repeat for several files), read as the training data stage reads
+data.sources files: OpenAI "messages" or ShareGPT "conversations" rows, .jsonl or
+.jsonl.gz, each assistant turn of a row one prompt (the conversation before it),
+a row ending with a user turn one more. Bad rows are skipped and counted as in
+training; a prompt whose length plus --max-new-tokens exceeds the target's
+context is skipped and counted. --skip-prompts/--num-prompts number the file's
+prompts in file order, as for the built-in sets (a skipped prompt keeps its
+number, so disjoint ranges stay disjoint). The built-in sets still run unless
+--eval-sets says otherwise: --eval-sets none runs only the --prompts sets.
 
 A drafter PATH may be a checkpoint folder written by `dspark-sglang train`
 (runs/train/<run>/checkpoints/step-NNNNNN), its drafter/ subfolder, or the run
@@ -54,7 +69,14 @@ benchmarks/README.md, which names it with --out.
 
 --traces-dir DIR also writes, for every drafter with a confidence head,
 DIR/<drafter>/<set>.jsonl (planner traces: `dspark-sglang plan`) and
-DIR/<drafter>/rollouts_<set>.jsonl (STS rollouts: `dspark-sglang calibrate`).
+DIR/<drafter>/rollouts_<set>.jsonl (STS rollouts: `dspark-sglang calibrate`);
+a --prompts set's files are named after its NAME.
+
+on your own held-out chats only (e.g. to fit STS for your traffic):
+  dspark-sglang bench acceptance --target /models/my-target \\
+      --drafter dspark=/models/my-target-dspark \\
+      --prompts heldout=/data/heldout.jsonl --eval-sets none \\
+      --num-prompts 200 --traces-dir runs/traces
 """
 
 #: Names the result file and its run folder (committed copy: results/acceptance.json).
@@ -88,6 +110,57 @@ def parse_drafter_specs(values: list[str]) -> list[tuple[str, Path]]:
     return out
 
 
+def parse_eval_sets(value: str) -> list[str]:
+    """``--eval-sets``: built-in set names, comma-separated; ``none`` or empty: no set."""
+    sets = [s.strip() for s in value.split(",") if s.strip()]
+    if sets == [_NO_SETS]:
+        return []
+    bad = [s for s in sets if s not in _EVAL_SETS]
+    if bad or len(set(sets)) != len(sets):
+        raise UsageError(
+            f"--eval-sets {value!r}: give unique names from {','.join(_EVAL_SETS)}, or "
+            f"{_NO_SETS} to run only the --prompts sets"
+        )
+    return sets
+
+
+def parse_prompt_specs(values: list[str]) -> list[tuple[str, Path]]:
+    """``["name=file.jsonl", ...]`` -> ``[(name, Path)]``; refuses malformed, reserved,
+    duplicate names and missing files (before the target is loaded)."""
+    out: list[tuple[str, Path]] = []
+    seen: set[str] = set()
+    for v in values:
+        name, sep, path = v.partition("=")
+        if not sep or not path:
+            raise UsageError(
+                f"--prompts {v!r}: expected NAME=FILE, e.g. --prompts heldout=/data/heldout.jsonl"
+            )
+        if not _NAME.match(name):
+            raise UsageError(
+                f"--prompts {v!r}: NAME must be letters, digits, '_', '.', '-' (it names "
+                "the set's columns and trace files), e.g. heldout"
+            )
+        if name in _EVAL_SETS or name == "macro" or name.startswith("rollouts_"):
+            raise UsageError(
+                f"--prompts {v!r}: NAME {name!r} is taken (the built-in sets "
+                f"{', '.join(_EVAL_SETS)}, the 'macro' column and the 'rollouts_' prefix of "
+                "--traces-dir files); choose another NAME, e.g. heldout"
+            )
+        if name in seen:
+            raise UsageError(
+                f"--prompts: name {name!r} is given twice; give every file a unique NAME"
+            )
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise UsageError(
+                f"--prompts {v!r}: {file} is not a file; give a chat JSONL file (.jsonl or "
+                ".jsonl.gz, OpenAI messages or ShareGPT conversations rows)"
+            )
+        seen.add(name)
+        out.append((name, file))
+    return out
+
+
 def _add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--drafter",
@@ -108,7 +181,18 @@ def _add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--eval-sets",
         default=",".join(_EVAL_SETS),
-        help=f"comma-separated subset of {','.join(_EVAL_SETS)} (default: all three)",
+        help=f"comma-separated subset of {','.join(_EVAL_SETS)}, or '{_NO_SETS}' (or empty) for "
+        "only the --prompts sets; all three by default, with or without --prompts",
+    )
+    a.add_argument(
+        "--prompts",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="NAME=FILE",
+        help="your own chat JSONL (.jsonl/.jsonl.gz, OpenAI messages or ShareGPT "
+        "conversations rows) as an extra eval set called NAME (repeat; NAME: letters, "
+        "digits, '_', '.', '-'; not a built-in set's name); rows are read and skipped as "
+        "the training data stage does, --skip-prompts/--num-prompts apply in file order",
     )
     a.add_argument(
         "--target",
@@ -148,7 +232,9 @@ def _add_arguments(a: argparse.ArgumentParser) -> None:
     )
 
 
-def _validate(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[str]]:
+def _validate(
+    args: argparse.Namespace,
+) -> tuple[list[tuple[str, Path]], list[str], list[tuple[str, Path]]]:
     specs = parse_drafter_specs(getattr(args, "drafter", []))
     if args.num_prompts < 1:
         raise UsageError(f"--num-prompts must be >= 1, got {args.num_prompts}")
@@ -162,13 +248,14 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[st
         raise UsageError(
             f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"
         )
-    sets = [s.strip() for s in args.eval_sets.split(",") if s.strip()]
-    bad = [s for s in sets if s not in _EVAL_SETS]
-    if not sets or bad or len(set(sets)) != len(sets):
+    sets = parse_eval_sets(args.eval_sets)
+    files = parse_prompt_specs(getattr(args, "prompts", []))
+    if not sets and not files:
         raise UsageError(
-            f"--eval-sets {args.eval_sets!r}: give unique names from {','.join(_EVAL_SETS)}"
+            f"--eval-sets {args.eval_sets!r} leaves no eval set: give at least one --prompts "
+            f"NAME=FILE, or name built-in sets ({','.join(_EVAL_SETS)})"
         )
-    return specs, sets
+    return specs, sets, files
 
 
 def _load_target(name: str, threads: int) -> Any:
@@ -231,6 +318,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from dspark_sglang.bench.acceptance import (
         load_eval_prompts,
+        load_prompt_file,
         load_proposer,
         measure_acceptance,
         write_report_json,
@@ -244,7 +332,7 @@ def _run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        specs, sets = _validate(args)
+        specs, sets, files = _validate(args)
         resolve_outputs(args, BENCHMARK)
         ckpts = [resolve_checkpoint(name, path) for name, path in specs]
     except UsageError as exc:
@@ -258,6 +346,17 @@ def _run(args: argparse.Namespace) -> int:
             target = _load_target(args.target, args.threads)
             proposers = {c.name: load_proposer(c, target) for c in ckpts}
             prompts = load_eval_prompts(target, sets, args.num_prompts, skip=args.skip_prompts)
+            own = [
+                load_prompt_file(
+                    target,
+                    name,
+                    path,
+                    args.num_prompts,
+                    args.max_new_tokens,
+                    skip=args.skip_prompts,
+                )
+                for name, path in files
+            ]
     except (UsageError, CheckpointError) as exc:
         print(f"bench acceptance: error: {exc}", file=sys.stderr)
         return 2
@@ -266,6 +365,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     for c in ckpts:
         console.print(f"drafter {c.name}: {c.kind}, block {c.block_size}, {c.folder}")
+    for f in own:
+        console.print(f.summary(), markup=False, highlight=False, soft_wrap=True)
+        prompts[f.name] = [list(p) for p in f.prompts]
 
     from rich.progress import (
         BarColumn,
@@ -318,6 +420,7 @@ def _run(args: argparse.Namespace) -> int:
             "skip_prompts": args.skip_prompts,
             "max_new_tokens": args.max_new_tokens,
             "eval_sets": sets,
+            "prompts": {f.name: f.to_dict() for f in own},
             "target": args.target,
             "threads": args.threads,
             "seed": args.seed,

@@ -15,7 +15,10 @@ Two row shapes, optionally with an ``"id"`` (a non-empty string or an integer)::
 
 Bad rows are never dropped silently: each is skipped with one of ``ROW_REASONS`` into a
 ``SkipLog`` (a count per reason and the first few, with their line numbers), and the
-caller skips prompts with ``PROMPT_REASONS`` the same way. Prompt ids are stable:
+caller skips prompts with ``PROMPT_REASONS`` the same way (``encode_or_skip``; a file
+left without any prompt raises ``no_usable_prompt``). Two callers read these files: the
+training data stage (``training.prompts``) and ``bench acceptance --prompts``
+(``bench.acceptance``). Prompt ids are stable:
 ``<file stem>/<line>/<k>`` (``<file stem>/<id>/<k>`` for a row with an id), ``k`` the
 1-based number of the reply within the row.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,10 @@ ROW_REASONS: dict[str, str] = {
 #: Why a prompt (one reply of a row) is skipped, and how to fix it.
 PROMPT_REASONS: dict[str, str] = {
     "over_long": "the prompt is longer than data.max_prompt_tokens: raise it or shorten the rows",
+    "over_context": (
+        "the prompt and --max-new-tokens together exceed the target's context "
+        "(max_position_embeddings): lower --max-new-tokens or shorten the rows"
+    ),
     "eval_overlap": (
         "the prompt contains an eval prompt (GSM8K test, HumanEval or MT-Bench), which must "
         "never be trained on; nothing to fix, it is left out"
@@ -217,6 +224,62 @@ class SkipLog:
         hints = {**ROW_REASONS, **PROMPT_REASONS}
         top = sorted(self.counts, key=lambda r: -self.counts[r])[:n]
         return "; ".join(f"{r}: {hints[r]}" for r in top)
+
+
+def skip_counts(counts: Mapping[str, int]) -> str:
+    """``"reason n, reason n"`` sorted by reason ("" without skips)."""
+    return ", ".join(f"{r} {n}" for r, n in sorted(counts.items()))
+
+
+def skip_lines(counts: Mapping[str, int], examples: Sequence[str], prefix: str) -> str:
+    """What a one-line source summary appends: ``"; skipped <counts>"`` and one line per
+    example, each starting with ``prefix`` ("" without skips)."""
+    if not counts:
+        return ""
+    return f"; skipped {skip_counts(counts)}" + "".join(f"\n{prefix}{e}" for e in examples)
+
+
+def no_usable_prompt(source: str, path: Path, rows: int, log: SkipLog) -> ValueError:
+    """The error for a file that gave no prompt: ``source`` names the setting or flag
+    (``data.sources[1]``, ``--prompts heldout``), then the counts, the first skips and
+    how to fix the most frequent reasons."""
+    counts = skip_counts(log.counts) or "no rows"
+    first = "; ".join(log.examples[:3])
+    fix = log.fix() or ROW_REASONS["no_conversation"]
+    return ValueError(
+        f"{source}: {path} gave no usable prompt ({rows} rows; skipped {counts}"
+        f"{'; first: ' + first if first else ''}). Fix: {fix}"
+    )
+
+
+Encode = Callable[[list[dict[str, str]]], list[int]]
+"""Chat messages -> token ids through the target's chat template (``HFTarget.encode_chat``)."""
+
+
+def encode_or_skip(
+    prompt: Prompt,
+    where: str,
+    encode: Encode,
+    log: SkipLog,
+    max_tokens: int,
+    *,
+    too_long: str = "over_long",
+    limit: str = "data.max_prompt_tokens",
+) -> list[int] | None:
+    """``prompt``'s token ids, or ``None`` with the skip in ``log``: ``template_error`` when
+    the chat template refuses the conversation, ``too_long`` (a ``PROMPT_REASONS`` key)
+    when it has more than ``max_tokens`` tokens (``limit`` names the bound in the detail)."""
+    from jinja2 import TemplateError
+
+    try:
+        ids = encode(prompt.chat())
+    except (TemplateError, ValueError) as exc:
+        log.add("template_error", where, str(exc)[:160])
+        return None
+    if len(ids) > max_tokens:
+        log.add(too_long, where, f"{len(ids)} tokens > {limit}={max_tokens}")
+        return None
+    return ids
 
 
 def stem_of(path: Path) -> str:

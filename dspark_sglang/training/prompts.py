@@ -30,11 +30,18 @@ import ast
 import dataclasses
 import random
 import sysconfig
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_sglang.data.chat_jsonl import ROW_REASONS, SkipLog, read_chat_rows
+from dspark_sglang.data.chat_jsonl import (
+    Encode,
+    SkipLog,
+    encode_or_skip,
+    no_usable_prompt,
+    read_chat_rows,
+    skip_lines,
+)
 from dspark_sglang.data.evalsets import (
     GSM8K_INSTRUCTION,
     HUMANEVAL_INSTRUCTION,
@@ -391,11 +398,7 @@ class SourceReport:
         line = f"[data] {self.source}: {rows}{self.prompts} prompts"
         if self.limit_reached:
             line += " (limit reached)"
-        if self.skipped:
-            counts = ", ".join(f"{r} {n}" for r, n in sorted(self.skipped.items()))
-            line += f"; skipped {counts}"
-            line += "".join(f"\n[data]   {e}" for e in self.examples)
-        return line
+        return line + skip_lines(self.skipped, self.examples, "[data]   ")
 
     def as_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "examples": list(self.examples)}
@@ -403,9 +406,6 @@ class SourceReport:
 
 def _report(source: str, rows: int, kept: int, log: SkipLog, limited: bool) -> SourceReport:
     return SourceReport(source, rows, kept, dict(log.counts), tuple(log.examples), limited)
-
-
-Encode = Callable[[list[dict[str, str]]], list[int]]
 
 
 def _builtin_prompts(
@@ -435,8 +435,6 @@ def _jsonl_prompts(
     index: EvalIndex,
     max_examples: int,
 ) -> tuple[list[tuple[Prompt, list[int]]], SourceReport]:
-    from jinja2 import TemplateError
-
     path = Path(src.path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -452,17 +450,8 @@ def _jsonl_prompts(
             if hit is not None:
                 log.add("eval_overlap", where, f"contains {hit}")
                 continue
-            try:
-                ids = encode(p.chat())
-            except (TemplateError, ValueError) as exc:
-                log.add("template_error", where, str(exc)[:160])
-                continue
-            if len(ids) > data.max_prompt_tokens:
-                log.add(
-                    "over_long",
-                    where,
-                    f"{len(ids)} tokens > data.max_prompt_tokens={data.max_prompt_tokens}",
-                )
+            ids = encode_or_skip(p, where, encode, log, data.max_prompt_tokens)
+            if ids is None:
                 continue
             out.append((p, ids))
             if src.limit is not None and len(out) >= src.limit:
@@ -472,13 +461,7 @@ def _jsonl_prompts(
             break
     rows += log.rows
     if not out:
-        counts = ", ".join(f"{r} {n}" for r, n in sorted(log.counts.items())) or "no rows"
-        first = "; ".join(log.examples[:3])
-        fix = log.fix() or ROW_REASONS["no_conversation"]
-        raise ValueError(
-            f"data.sources[{i}]: {path} gave no usable prompt ({rows} rows; skipped {counts}"
-            f"{'; first: ' + first if first else ''}). Fix: {fix}"
-        )
+        raise no_usable_prompt(f"data.sources[{i}]", path, rows, log)
     return out, _report(str(path), rows, len(out), log, limited)
 
 

@@ -4,13 +4,15 @@ Target, drafters and eval sets are the suite's tiny-chat fixtures (``tests/conft
 built by ``tiny_chat_target``: real on-disk layouts, written by the real save functions).
 Covers: the figures in the report are exactly what the per-round records imply
 (accepted length, macro, gains, position-wise acceptance), a cell equals an independent
-reference-generator run, kind detection, and the committed runs. The command itself
+reference-generator run, kind detection, the user's own chat files as eval sets
+(``load_prompt_file``), and the committed runs. The command itself
 (JSON, PNG, traces, rollouts, flag errors) is tested in
 ``tests/cli/test_cli_bench_acceptance.py``.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -24,6 +26,7 @@ from dspark_sglang.bench.acceptance import (
     CellResult,
     accept_length_stats,
     load_eval_prompts,
+    load_prompt_file,
     load_proposer,
     measure_acceptance,
 )
@@ -130,6 +133,100 @@ def test_cell_equals_an_independent_generator_run(
     assert rep.cells["ar"]["gsm8k"].confidence_logits is None
     z = rep.cells["dspark"]["gsm8k"].confidence_logits
     assert z is not None and sum(t.shape[0] for t in z) == rep.cells["dspark"]["gsm8k"].num_rounds
+
+
+# --------------------------------------------------------------------------- own prompt files
+
+SYS = {"role": "system", "content": "Be brief."}
+#: Prompts P1, P2 (line 1), P3 (line 3), P4 (line 5: about 1010 tokens, one per character,
+#: over the tiny target's 1024-token context with 100 new tokens), P5 (line 6); lines 2
+#: and 4 are bad rows.
+OWN_ROWS = [
+    {
+        "messages": [
+            SYS,
+            {"role": "user", "content": "What is 7 times 6?"},
+            {"role": "assistant", "content": "42."},
+            {"role": "user", "content": "And 8 times 9?"},
+            {"role": "assistant", "content": "72."},
+        ]
+    },
+    "this line is not JSON",
+    {"conversations": [{"from": "human", "value": "Say hello."}]},
+    {"messages": [{"role": "tool", "content": "{}"}, {"role": "user", "content": "Hi."}]},
+    {"messages": [{"role": "user", "content": "x" * 990}, {"role": "assistant", "content": "ok"}]},
+    {"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "A"}]},
+]
+
+
+def _write_rows(path: Path, rows: list[object]) -> Path:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_prompt_file_reads_chat_rows_as_training_does(
+    tiny_chat_model: HFTarget, tmp_path: Path
+) -> None:
+    target = tiny_chat_model
+    path = _write_rows(tmp_path / "mine.jsonl", OWN_ROWS)
+    turns = OWN_ROWS[0]["messages"]  # type: ignore[index]
+    expected = [
+        target.encode_chat(turns[:2]),  # P1: the conversation before the first reply
+        target.encode_chat(turns[:4]),  # P2: before the second reply
+        target.encode_chat([{"role": "user", "content": "Say hello."}]),  # P3: ends with user
+        target.encode_chat([{"role": "user", "content": "Name a fruit."}]),  # P5 (ShareGPT)
+    ]
+    got = load_prompt_file(target, "mine", path, 10, 100)
+    assert [list(p) for p in got.prompts] == expected
+    assert got.rows == 6 and got.skip == 0
+    assert got.skipped == {"not_json": 1, "unknown_role": 1, "over_context": 1}
+    assert any(e.startswith("mine.jsonl:5 reply 1: over_context: ") for e in got.examples)
+    assert "the target's context 1024 - --max-new-tokens 100=924" in " ".join(got.examples)
+    summary = got.summary()
+    assert summary.startswith(f"--prompts mine: {path}: 6 rows -> 4 prompts; skipped ")
+    assert "mine.jsonl:2: not_json" in summary and "over_context 1" in summary
+    assert got.size == path.stat().st_size
+    assert got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert got.to_dict()["sha256"] == got.sha256 and got.to_dict()["prompts"] == 4
+    # With fewer new tokens P4 fits: the bound is the context minus --max-new-tokens.
+    roomy = load_prompt_file(target, "mine", path, 10, 8)
+    assert len(roomy.prompts) == 5 and "over_context" not in roomy.skipped
+
+    # --num-prompts stops the reading; --skip-prompts numbers prompts in file order, and a
+    # skipped prompt (P4) keeps its number, so disjoint ranges give disjoint prompts.
+    first = load_prompt_file(target, "mine", path, 2, 100)
+    assert [list(p) for p in first.prompts] == expected[:2]
+    assert first.rows == 1 and first.skipped == {}
+    later = load_prompt_file(target, "mine", path, 3, 100, skip=2)
+    assert [list(p) for p in later.prompts] == expected[2:]
+    assert "after the first 2" in later.summary()
+    with pytest.raises(ValueError, match=r"gave no usable prompt \(5 rows; .*over_context 1"):
+        load_prompt_file(target, "mine", path, 1, 100, skip=3)  # P4 alone: over the context
+
+    # .jsonl.gz reads the same.
+    gz = tmp_path / "mine.jsonl.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(path.read_bytes())
+    assert load_prompt_file(target, "mine", gz, 10, 100).prompts == got.prompts
+
+
+def test_prompt_file_without_a_usable_prompt_names_the_flag_file_and_fix(
+    tiny_chat_model: HFTarget, tmp_path: Path
+) -> None:
+    target = tiny_chat_model
+    bad = _write_rows(tmp_path / "bad.jsonl", ["nope", {"messages": []}])
+    with pytest.raises(ValueError, match=r"--prompts mine: .*bad\.jsonl gave no usable") as e:
+        load_prompt_file(target, "mine", bad, 4, 16)
+    assert "no_conversation 1, not_json 1" in str(e.value) and "Fix: " in str(e.value)
+    long = _write_rows(tmp_path / "long.jsonl", [OWN_ROWS[4]])
+    with pytest.raises(ValueError, match=r"over_context 1.*Fix: over_context: .*--max-new"):
+        load_prompt_file(target, "mine", long, 4, 100)
+    few = _write_rows(tmp_path / "few.jsonl", [OWN_ROWS[2]])
+    with pytest.raises(ValueError, match=r"few\.jsonl has 1 prompts .*lower --skip-prompts"):
+        load_prompt_file(target, "mine", few, 4, 16, skip=1)
+    with pytest.raises(FileNotFoundError, match=r"--prompts mine: .*nothere\.jsonl not found"):
+        load_prompt_file(target, "mine", tmp_path / "nothere.jsonl", 4, 16)
 
 
 # --------------------------------------------------------------------------- committed runs

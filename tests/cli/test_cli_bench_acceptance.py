@@ -3,8 +3,10 @@
 Target, drafters and eval sets are the suite's tiny-chat fixtures (``tests/conftest.py``,
 built by ``tiny_chat_target``). Covers: the JSON's settings, checkpoints, versions and
 figures follow from its per-round records, the PNG, traces and rollouts readable by
-their own loaders, and flag errors that name the flag. The measurement itself is tested
-in ``tests/bench/test_bench_acceptance.py``.
+their own loaders, the user's own chat file as an eval set (``--prompts``, alone with
+``--eval-sets none`` or beside a built-in set, its traces named after it and read by
+``calibrate``), and flag errors that name the flag. The measurement itself is tested in
+``tests/bench/test_bench_acceptance.py``.
 """
 
 from __future__ import annotations
@@ -98,6 +100,92 @@ def test_cli_end_to_end(
         assert torch.equal(ro.confidence_logits, tr.confidence_logits)
 
 
+#: Two OpenAI rows (3 prompts), a bad row, a ShareGPT row ending with a user turn.
+HELD_OUT_ROWS = [
+    '{"messages": [{"role": "user", "content": "Name a colour."}, '
+    '{"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another?"}, '
+    '{"role": "assistant", "content": "Blue."}]}',
+    "not json",
+    '{"messages": [{"role": "user", "content": "Count to 3."}, '
+    '{"role": "assistant", "content": "1 2 3"}]}',
+    '{"conversations": [{"from": "human", "value": "Say hi."}]}',
+]
+
+
+def test_cli_own_prompts_as_an_eval_set(
+    tiny_chat_dir: Path,
+    tiny_drafters: dict[str, Path],
+    tiny_eval_cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dspark_sglang.bench.acceptance import load_prompt_file, load_proposer, measure_acceptance
+    from dspark_sglang.model.discovery import resolve_checkpoint
+    from dspark_sglang.targets.hf_target import HFTarget
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tiny_eval_cache))
+    chats = tmp_path / "heldout.jsonl"
+    chats.write_text("".join(r + "\n" for r in HELD_OUT_ROWS))
+    out, traces = tmp_path / "r" / "acc.json", tmp_path / "tr"
+    argv = ["bench", "acceptance", "--target", str(tiny_chat_dir)]
+    argv += ["--drafter", f"dspark={tiny_drafters['dspark']}", "--max-new-tokens", "12"]
+    argv += ["--prompts", f"heldout={chats}", "--eval-sets", "none"]
+    argv += ["--skip-prompts", "1", "--num-prompts", "2"]
+    assert main([*argv, "--out", str(out), "--traces-dir", str(traces)]) == 0
+    printed = capsys.readouterr().out
+    assert f"--prompts heldout: {chats}: 3 rows -> 2 prompts after the first 1" in printed
+    assert "skipped not_json 1" in printed and "heldout.jsonl:2: not_json" in printed
+
+    data = json.loads(out.read_text())
+    assert data["domains"] == ["heldout"]
+    cell = data["results"]["dspark"]["heldout"]
+    assert cell["num_requests"] == 2
+    assert data["command"]["eval_sets"] == []
+    recorded = data["command"]["prompts"]["heldout"]
+    assert local_path(recorded["path"]) == chats
+    assert recorded["sha256"] == hashlib.sha256(chats.read_bytes()).hexdigest()
+    assert (recorded["bytes"], recorded["rows"], recorded["prompts"]) == (
+        chats.stat().st_size,
+        3,
+        2,
+    )
+    assert recorded["skipped"] == {"not_json": 1}
+    # The decoded requests are the file's prompts 2 and 3 (row 1's second, row 3's):
+    # the cell equals a direct measurement on them with the command's seed.
+    target = HFTarget(tiny_chat_dir)
+    own = load_prompt_file(target, "heldout", chats, 2, 12, skip=1)
+    assert own.prompts[1] == tuple(target.encode_chat([{"role": "user", "content": "Count to 3."}]))
+    proposer = load_proposer(resolve_checkpoint("dspark", tiny_drafters["dspark"]), target)
+    direct = measure_acceptance(target, {"dspark": proposer}, {"heldout": own.prompts}, 2, 12)
+    assert cell["accepted_per_round"] == [
+        list(r) for r in direct.cells["dspark"]["heldout"].accepted
+    ]
+
+    # Traces and rollouts are named after the set, and calibrate reads the rollouts.
+    assert sorted(p.name for p in (traces / "dspark").iterdir()) == [
+        "heldout.jsonl",
+        "rollouts_heldout.jsonl",
+    ]
+    flat = [a for r in cell["accepted_per_round"] for a in r]
+    tr = load_traces(traces / "dspark" / "heldout.jsonl")
+    assert tr.domains == ("heldout",) and tr.accepted.tolist() == flat
+    sts = tmp_path / "sts.json"
+    rollouts = str(traces / "dspark" / "rollouts_*.jsonl")
+    assert main(["calibrate", "--rollouts", rollouts, "--out", str(sts)]) == 0
+    assert sts.is_file()
+
+    # Beside a built-in set (which comes first), as a second file.
+    both = tmp_path / "both.json"
+    argv = ["bench", "acceptance", "--target", str(tiny_chat_dir), "--max-new-tokens", "6"]
+    argv += ["--drafter", f"ar={tiny_drafters['ar']}", "--num-prompts", "1"]
+    argv += ["--eval-sets", "mtbench", "--prompts", f"mine={chats}", "--out", str(both)]
+    assert main(argv) == 0
+    data = json.loads(both.read_text())
+    assert data["domains"] == ["mtbench", "mine"] and data["command"]["eval_sets"] == ["mtbench"]
+    assert data["results"]["ar"]["mine"]["num_requests"] == 1
+
+
 def _err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
     try:
         rc = main(["bench", "acceptance", *argv])
@@ -107,9 +195,17 @@ def _err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]
 
 
 def test_cli_errors_name_the_flag(
-    tiny_drafters: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_chat_dir: Path,
+    tiny_drafters: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     ar = f"ar={tiny_drafters['ar']}"
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "Hi."}]}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('not json\n{"messages": [{"role": "assistant", "content": "Hi."}]}\n')
+    tiny = ["--target", str(tiny_chat_dir)]
     cases = [
         ([], "--drafter"),
         (["--drafter", str(tiny_drafters["ar"])], "NAME=PATH"),
@@ -122,6 +218,18 @@ def test_cli_errors_name_the_flag(
         (["--drafter", ar, "--temperature", "nan"], "--temperature must be a finite number"),
         (["--drafter", f"x={tiny_drafters['dspark'].parent}"], "unknown drafter kind"),
         (["--drafter", f"x={tiny_drafters['ar']}", "--target", str(tmp_path / "t")], "--target"),
+        (["--drafter", ar, "--eval-sets", "none"], "give at least one --prompts"),
+        (["--drafter", ar, "--eval-sets", ""], "give at least one --prompts"),
+        (["--drafter", ar, "--eval-sets", "none,gsm8k"], "or none to run only"),
+        (["--drafter", ar, "--prompts", str(chats)], "expected NAME=FILE"),
+        (["--drafter", ar, "--prompts", f"my/set={chats}"], "NAME must be letters"),
+        (["--drafter", ar, "--prompts", f"gsm8k={chats}"], "is taken"),
+        (["--drafter", ar, "--prompts", f"macro={chats}"], "is taken"),
+        (["--drafter", ar, "--prompts", f"rollouts_x={chats}"], "is taken"),
+        (["--drafter", ar, "--prompts", f"a={chats}", "--prompts", f"a={chats}"], "given twice"),
+        (["--drafter", ar, "--prompts", f"a={tmp_path / 'no.jsonl'}"], "is not a file"),
+        (["--drafter", ar, *tiny, "--prompts", f"a={bad}"], "--prompts a: "),
+        (["--drafter", ar, *tiny, "--prompts", f"a={bad}"], "gave no usable prompt"),
     ]
     for argv, needle in cases:
         rc, err = _err(capsys, argv)

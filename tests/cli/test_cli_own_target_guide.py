@@ -6,7 +6,8 @@ drifting without running anything: the YAML block is a valid training config (ev
 known, every value valid), and each shell line is parsed by ``dspark-sglang``'s own parser
 with prefix matching off (a renamed flag fails), for ``torchrun`` by torch's launcher parser
 and then ours for the module's arguments, and for ``helm template`` against the chart (its
-path, and every ``--set`` key a key of the chart's values).
+path, and every ``--set`` key a key of the chart's values), and every ``/data/`` file the
+page reads is one the tests provide (``own_target_guide.DATA_FILES``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ import shlex
 
 import yaml
 from cli_parsing import strict
-from own_target_guide import CHART, ROOT, guide_blocks, guide_commands
+from own_target_guide import (
+    CHART,
+    DATA_FILES,
+    ROOT,
+    guide_blocks,
+    guide_commands,
+    page_data_paths,
+)
 
 from dspark_sglang.cli import build_parser
 from dspark_sglang.training.config import TrainConfig
@@ -78,3 +86,17 @@ def test_every_command_on_the_guide_parses() -> None:
         (7, "plan"),
         (8, "helm template"),
     ]
+
+
+def test_the_tests_provide_every_data_file_the_guide_reads() -> None:
+    assert page_data_paths() == set(DATA_FILES)
+    for source in DATA_FILES.values():
+        assert source.is_file() and source.read_text().strip(), source
+
+
+def test_the_calibration_runs_decode_the_held_out_chats_only() -> None:
+    runs = [shlex.split(c) for s, c in guide_commands() if s == 5 and "acceptance" in c]
+    assert len(runs) == 2
+    for argv in runs:
+        assert argv[argv.index("--prompts") + 1] == "heldout=/data/heldout.jsonl"
+        assert argv[argv.index("--eval-sets") + 1] == "none"

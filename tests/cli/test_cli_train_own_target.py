@@ -21,7 +21,8 @@ SGLang's real engine, whose greedy output on held-out chat prompts must equal th
 target's own (HF transformers greedy), with every request going through verify rounds.
 
 The ``own_target_deployed`` fixture runs steps 5 to 8 on the trained Qwen3 only: two
-``bench acceptance`` runs, ``calibrate`` and the export with ``--sts``, a CPU ``profile``,
+``bench acceptance`` runs on disjoint splits of a held-out chat JSONL (``--prompts``,
+``--eval-sets none``), ``calibrate`` and the export with ``--sts``, a CPU ``profile``,
 ``plan`` and ``helm template``. Together they cost about two minutes on two cores, mostly
 the acceptance runs and the profile, and nothing in them depends on the target's family
 (the family-specific parts, the chat template, the mask token and the tied or untied
@@ -30,6 +31,7 @@ head, are covered by steps 2 to 4 and the serving test on both targets).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -41,7 +43,14 @@ import torch
 import yaml
 from chart_tools import helm_bin
 from hf_greedy import hf_greedy
-from own_target_guide import at_root, guide_blocks, guide_commands, run_guide_command
+from own_target_guide import (
+    DATA_FILES,
+    at_root,
+    guide_blocks,
+    guide_commands,
+    provide_data,
+    run_guide_command,
+)
 from tiny_hf_targets import save_tiny_target
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -51,7 +60,10 @@ DRAFT_VOCAB = 1024
 BLOCK = 4
 #: Five OpenAI-style and two ShareGPT conversations: 7 assistant turns, and one
 #: conversation that ends with a user turn.
-CHATS = Path(__file__).parent / "data" / "own_target_chats.jsonl"
+CHATS = DATA_FILES["/data/my_chats.jsonl"]
+#: The page's held-out chats (steps 5 and 7): other conversations, 10 prompts (one row
+#: with two replies, one ending with a user turn), two disjoint splits of 5.
+HELD_OUT_CHATS = DATA_FILES["/data/heldout.jsonl"]
 HELD_OUT = ["Give me a synonym for fast.", "How many legs does a spider have?"]
 #: What the test changes in the page's config: sizes a 2-core test trains in seconds.
 SMALL = {
@@ -113,8 +125,7 @@ def own_target(
     kind = request.param
     root = tmp_path_factory.mktemp(f"own_{kind}")
     target = save_tiny_target(kind, root / "models/my-target", smollm2_path)
-    (root / "data").mkdir()
-    shutil.copy(CHATS, root / "data/my_chats.jsonl")
+    provide_data(root)  # CHATS and HELD_OUT_CHATS where the page reads them
     (root / "my-target.yaml").write_text(yaml.safe_dump(_config(kind, root)))
     commands = _commands(2, 4)
     assert [c.split()[:2] for c in commands] == [
@@ -228,15 +239,14 @@ def test_calibration_fits_sts_on_one_split_and_ships_it_with_the_drafter(
     for report in (fit, held_out):
         assert report["drafters"] == ["dspark"] and report["command"]["num_prompts"] == 5
         assert local_path(report["target"]["path"]) == own_target_deployed["target"]
-        for cell in report["results"]["dspark"].values():
-            assert cell["num_requests"] == 5
+        assert report["domains"] == ["heldout"] and report["command"]["eval_sets"] == []
+        recorded = report["command"]["prompts"]["heldout"]
+        assert recorded["sha256"] == hashlib.sha256(HELD_OUT_CHATS.read_bytes()).hexdigest()
+        assert recorded["prompts"] == 5 and recorded["skipped"] == {}
+        assert report["results"]["dspark"]["heldout"]["num_requests"] == 5
     for split in ("calib", "traces"):
         names = sorted(p.name for p in (run / split / "dspark").iterdir())
-        assert names == [
-            f"{prefix}{s}.jsonl"
-            for prefix in ("", "rollouts_")
-            for s in ("gsm8k", "humaneval", "mtbench")
-        ]
+        assert names == ["heldout.jsonl", "rollouts_heldout.jsonl"]
     assert "held-out mean ECE" in own_target_deployed["logs"][2]
     temperatures = _sts_temperatures(run / "sts.json")
     assert len(temperatures) == BLOCK
