@@ -335,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_new_tokens=args.new_tokens,
             threads=args.threads,
             dtype=args.dtype,
+            passes=None,  # this benchmark times its own passes (--repeats)
         )
         plan = plan_demo(demo_args, model_path, args.drafter, Path(tmp), console)
         if not plan.trained:

@@ -31,6 +31,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_decoding_arguments(p, max_new_tokens=48)
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
     p.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help="--engine sglang: timed passes of the prompts per engine, after the warm-up; the "
+        "speed figures are their median (default 3: one pass on a shared machine can be off "
+        "by a third). Every pass must give the same greedy outputs",
+    )
+    p.add_argument(
         "--dtype",
         choices=DTYPE_CHOICES,
         default="auto",
@@ -61,6 +69,10 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
     try:
         if args.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        if args.passes is not None:
+            raise ValueError(
+                "--passes times SGLang's engines (--engine sglang); the reference demo decodes once"
+            )
         if args.dtype == "bfloat16":
             raise ValueError(
                 "--dtype bfloat16 needs --engine sglang; the reference generator runs float32"

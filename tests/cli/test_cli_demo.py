@@ -67,6 +67,7 @@ def test_subcommands_are_registered() -> None:
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
+        (["--passes", "0"], "--passes must be >= 1"),
         (["--policy", "lagged"], "needs --cost-table"),
         (["--cost-table", "sps.json"], "give --policy too"),
         (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
@@ -123,7 +124,7 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     before = _children()
-    rc = main(["demo", "--num-prompts", "2", "--max-new-tokens", "16"])
+    rc = main(["demo", "--num-prompts", "2", "--max-new-tokens", "16", "--passes", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert ("UNTRAINED" in out) != _TRAINED
@@ -135,7 +136,7 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
         m["label"]: (int(m["tokens"]), float(m["wall"]), float(m["tps"]))
         for m in re.finditer(
             r"^(?P<label>plain|DSPARK_MOE): (?P<tokens>\d+) tokens in (?P<wall>[\d.]+) s = "
-            r"(?P<tps>[\d.]+) tok/s$",
+            r"(?P<tps>[\d.]+) tok/s \(median of 2 timed passes; passes [\d.]+-[\d.]+ tok/s\)$",
             out,
             re.MULTILINE,
         )
@@ -207,6 +208,11 @@ def test_generate_policy_needing_a_cost_table_fails_clearly(
     rc = main(["generate", "--prompt", "hi", "--policy", "prefix", "--max-new-tokens", "2"])
     assert rc == 2
     assert "needs --cost-table" in capsys.readouterr().err
+
+
+def test_reference_demo_refuses_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--engine", "reference", "--passes", "2"]) == 2
+    assert "--passes times SGLang's engines" in capsys.readouterr().err
 
 
 def test_reference_demo_refuses_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:

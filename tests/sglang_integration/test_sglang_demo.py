@@ -83,6 +83,7 @@ def _plan(tmp_path: Path, scheduler_config: Path | None) -> DemoPlan:
         prompts=((1, 2),),
         max_new_tokens=4,
         omp_threads=1,
+        passes=1,
         scheduler_config=scheduler_config,
         dtype=choose_cpu_dtype("float32", None),
     )
@@ -161,6 +162,26 @@ def test_report_passes_a_near_tie_loudly_and_fails_a_real_mismatch(dtype: str) -
     # identical outputs pass, and without margins a mismatch cannot be excused
     assert report(Console(quiet=True), plain, _run("DSPARK_MOE", plain_out), dtype)
     assert not report(Console(quiet=True), _run("plain", plain_out), spec, dtype)
+
+
+def test_report_gives_the_median_of_the_passes_and_fails_a_pass_that_differs() -> None:
+    out = [{"output_ids": [1, 2, 3, 4], "meta_info": {}}]
+    plain = EngineRun.from_outputs("plain", out, 2.0, pass_walls=(4.0, 2.0, 1.0))
+    assert plain.tokens_per_second == 2.0
+    assert plain.pass_tokens_per_second() == (1.0, 2.0, 4.0)
+    spec = EngineRun.from_outputs("DSPARK_MOE", out, 1.0, pass_walls=(1.0, 0.5, 2.0))
+    console = Console(record=True, width=400)
+    assert report(console, plain, spec, "float32")
+    text = console.export_text()
+    assert "plain: 4 tokens in 2.000 s = 2.00 tok/s (median of 3 timed passes; " in text
+    assert "passes 1.00-4.00 tok/s)" in text
+    assert "speed ratio DSPARK_MOE / plain: 2.000x" in text
+    shaky = EngineRun.from_outputs(
+        "DSPARK_MOE", out, 1.0, pass_walls=(1.0, 1.0, 1.0), differing_passes=1
+    )
+    console = Console(record=True, width=400)
+    assert not report(console, plain, shaky, "float32")
+    assert "DSPARK_MOE: 1 of 2 later timed passes gave other outputs" in console.export_text()
 
 
 def test_a_cost_table_from_another_dtype_is_named(tmp_path: Path) -> None:
