@@ -182,9 +182,10 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds of one draft pass: added to every decode step's time (the table times "
         "the target alone; the engine drafts every decode step, whatever the policy then "
         "verifies) and to the table prefix/lagged decide with, as the scheduler config's "
-        "draft_step_seconds does. Default: not modelled (0 s), which overstates "
-        "speculation where the draft is a large share of a step (a CPU); plan then uses "
-        "each tier's scheduler.draftStepSeconds from --base-values",
+        "draft_step_seconds does; plan also writes it onto the prefix/lagged tiers it "
+        "plans. Without it plan takes each tier's scheduler.draftStepSeconds from "
+        "--base-values; else the draft is not modelled (0 s), which overstates "
+        "speculation where it is a large share of a step (a CPU)",
     )
 
 
