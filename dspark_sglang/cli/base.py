@@ -10,6 +10,7 @@ the subcommand that needs it.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "add_planning_arguments",
     "csv_numbers",
     "decoding_options",
+    "seconds_arg",
 ]
 
 
@@ -91,6 +93,19 @@ def csv_numbers(text: str, kind: type) -> list:  # type: ignore[type-arg]
         return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds >= 0 (argparse names the flag)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number of seconds >= 0, e.g. 0.012, got {text!r}"
+        )
+    return v
 
 
 # --------------------------------------------------------------------------- demo, generate
@@ -159,6 +174,19 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
         help="prefill model (default separate: prefill-only steps, SGLang's default)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--draft-step-seconds",
+        type=seconds_arg,
+        default=None,
+        metavar="S",
+        help="seconds of one draft pass: added to every decode step's time (the table times "
+        "the target alone; the engine drafts every decode step, whatever the policy then "
+        "verifies) and to the table prefix/lagged decide with, as the scheduler config's "
+        "draft_step_seconds does; plan also writes it onto the prefix/lagged tiers it "
+        "plans. Without it plan takes each tier's scheduler.draftStepSeconds from "
+        "--base-values; else the draft is not modelled (0 s), which overstates "
+        "speculation where it is a large share of a step (a CPU)",
+    )
 
 
 def resolve_outputs(args: argparse.Namespace, benchmark: str) -> None:

@@ -6,7 +6,10 @@ speed still meet it, on the given cost table and acceptance traces. With
 ``--base-values`` (the live values, ``helm get values``) each SLA is written onto its tier
 (``planning/values_edit.py``): names, model paths and every unrelated key stay, so the
 output is safe to apply with ``helm upgrade -f``; ``--diff`` prints what changes, and a
-load (``--users``/``--rps``) turns into replicas.
+load (``--users``/``--rps``) turns into replicas. Every decode step pays the draft pass
+the tier's engine runs: ``--draft-step-seconds``, else the tier's own
+``scheduler.draftStepSeconds`` in the base values, else it is not modelled; the output
+says which, per tier.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ Each SLA lands on the base tier whose minTokensPerSecPerUser equals it; --tier S
 chooses another (a new name adds a tier). The profile must carry its metadata (a
 .meta.json beside the table, or the ConfigMap's sps.meta.json): plan refuses a tier whose
 tp, hardware group or model differs from the profile's, naming both.
+
+The draft pass (seconds per decode step) comes from --draft-step-seconds, else from each
+tier's scheduler.draftStepSeconds in --base-values; without either it is not modelled
+(0 s), which overstates speculation where drafting is a large share of a step (a CPU).
+Planned prefix/lagged tiers get the value the plan assumed as draftStepSeconds.
 """
 
 
@@ -137,9 +145,11 @@ def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.planning.frontier import PolicySpec
     from dspark_sglang.planning.inputs import load_inputs, profile_identity
     from dspark_sglang.planning.planner import (
+        DRAFT_STEP_KEY,
         PlanError,
         Planner,
         default_planner_specs,
+        draft_text,
         plan_table,
         values_yaml,
     )
@@ -147,6 +157,7 @@ def _run(args: argparse.Namespace) -> int:
         CostTableSource,
         TierLoad,
         apply_plan,
+        base_draft_step_seconds,
         load_base_values,
         map_tiers,
         values_diff,
@@ -178,6 +189,15 @@ def _run(args: argparse.Namespace) -> int:
         if args.diff and base is None:
             raise PlanError("--diff compares against --base-values; give the live values")
         names = map_tiers(slas, base, explicit)
+        if args.draft_step_seconds is not None:  # one value for every tier
+            tier_drafts: dict[float, float] = {}
+            draft_from = dict.fromkeys(slas, "--draft-step-seconds")
+        else:
+            tier_drafts = base_draft_step_seconds(base, names) if base is not None else {}
+            draft_from = {
+                sla: f"--base-values slaTiers[{names[sla]}].scheduler.{DRAFT_STEP_KEY}"
+                for sla in tier_drafts
+            }
         specs = (
             [PolicySpec.parse(s) for s in args.policies.split(",") if s.strip()]
             if args.policies
@@ -192,8 +212,9 @@ def _run(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             prefill=args.prefill,
             seed=args.seed,
+            draft_step_seconds=args.draft_step_seconds,
         )
-        tiers = planner.plan(slas)
+        tiers = planner.plan(slas, tier_drafts)
         table = inputs.table
         inline = (
             {
@@ -230,6 +251,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(plan_table(tiers, names))
+    for t in tiers:
+        src = draft_from.get(t.sla)
+        how = (
+            f" (from {src})"
+            if src
+            else f"; give --draft-step-seconds or the tier's scheduler.{DRAFT_STEP_KEY}"
+        )
+        print(f"{names[t.sla]}: {draft_text(t.draft_step_seconds)}{how}")
     if args.diff:
         changes = values_diff(base or {}, doc)
         print(f"\nchanges to {args.base_values} ({len(changes)}):")

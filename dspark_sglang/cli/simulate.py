@@ -3,7 +3,8 @@
 Runs the step-level serving simulator (``planning/simulator.py``, the real
 scheduling policies) on a cost table and acceptance traces, closed loop at
 ``--concurrency`` levels or open loop at ``--rate`` arrival rates, and prints one
-row per policy and load (``--json`` writes them all).
+row per policy and load (``--json`` writes them all). ``--draft-step-seconds`` charges
+the draft pass to every decode step; the output says what draft cost it assumed.
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.planning.frontier import PolicySpec, default_num_requests
     from dspark_sglang.planning.inputs import load_inputs
+    from dspark_sglang.planning.planner import draft_text
     from dspark_sglang.planning.simulator import SimConfig, simulate
 
     try:
         inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
         specs = [PolicySpec.parse(s) for s in args.policy.split(",") if s.strip()]
+        draft = args.draft_step_seconds
         for spec in specs:  # the config's checks (e.g. static k <= block) before any run
-            spec.config(inputs.traces.block_size)
+            spec.config(inputs.traces.block_size, draft_step_seconds=draft)
         loads: list[SimConfig] = []
         if args.concurrency:
             for c in csv_numbers(args.concurrency, int):
@@ -53,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
                         num_requests=n,
                         prefill=args.prefill,
                         seed=args.seed,
+                        draft_step_seconds=draft or 0.0,
                     )
                 )
         else:
@@ -67,6 +71,7 @@ def _run(args: argparse.Namespace) -> int:
                         num_requests=args.num_requests or 300,
                         prefill=args.prefill,
                         seed=args.seed,
+                        draft_step_seconds=draft or 0.0,
                     )
                 )
     except ValueError as exc:
@@ -74,13 +79,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     table, traces, sts, lengths = inputs.table, inputs.traces, inputs.sts, inputs.lengths
     results = []
+    print(draft_text(draft or None) + ("" if draft else "; give --draft-step-seconds to charge it"))
     print(
         f"{'policy':<14}{'load':>9}{'thr tok/s':>11}{'p50':>9}{'p90':>9}{'verify/req':>11}"
         f"{'acc len':>9}"
     )
     for spec in specs:
         for cfg in loads:
-            policy = spec.build(table, block_size=traces.block_size)
+            policy = spec.build(table, block_size=traces.block_size, draft_step_seconds=draft)
             res = simulate(traces, table, policy, lengths, cfg, sts=sts)
             results.append({"spec": spec.label, **res.to_dict()})
             load = f"C={cfg.concurrency}" if cfg.mode == "closed" else f"λ={cfg.arrival_rate:g}"

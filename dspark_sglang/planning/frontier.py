@@ -104,26 +104,42 @@ class PolicySpec:
     def lag(self) -> int:
         return self.option if self.name == "lagged" and self.option is not None else 2
 
-    def config(self, block_size: int, max_verify_tokens: int | None = None) -> SchedulerConfig:
+    def config(
+        self,
+        block_size: int,
+        max_verify_tokens: int | None = None,
+        draft_step_seconds: float | None = None,
+    ) -> SchedulerConfig:
         """The scheduler config of this spec for a drafter of ``block_size``.
 
         ``prefix`` and ``lagged`` name ``IN_MEMORY_COST_TABLE``: their table is the one
-        the caller holds, handed to ``build`` as ``cost_model``.
+        the caller holds, handed to ``build`` as ``cost_model``. They also take
+        ``draft_step_seconds`` (the draft pass, added to the table they decide with); the
+        other policies read no table, so it is not set on them.
         """
+        uses_table = self.name in NEEDS_COST_TABLE
         return SchedulerConfig(
             block_size=block_size,
             policy=self.name,  # type: ignore[arg-type]  # checked in __post_init__
             static_k=self.option if self.name == "static" else None,
             lag_steps=self.lag,
             max_verify_tokens=max_verify_tokens,
-            cost_table_path=IN_MEMORY_COST_TABLE if self.name in NEEDS_COST_TABLE else None,
+            cost_table_path=IN_MEMORY_COST_TABLE if uses_table else None,
+            draft_step_seconds=draft_step_seconds if uses_table else None,
         )
 
     def build(
-        self, cost_model: CostModel, max_verify_tokens: int | None = None, *, block_size: int
+        self,
+        cost_model: CostModel,
+        max_verify_tokens: int | None = None,
+        *,
+        block_size: int,
+        draft_step_seconds: float | None = None,
     ) -> SchedulingPolicy:
-        """The policy of ``config(block_size, max_verify_tokens)`` on ``cost_model``."""
-        return policy_from_config(self.config(block_size, max_verify_tokens), cost_model=cost_model)
+        """The policy of ``config(block_size, max_verify_tokens, draft_step_seconds)`` on
+        ``cost_model`` (the target-only table; the config adds the draft pass to it)."""
+        cfg = self.config(block_size, max_verify_tokens, draft_step_seconds)
+        return policy_from_config(cfg, cost_model=cost_model)
 
 
 def default_policy_specs(block_size: int) -> list[PolicySpec]:

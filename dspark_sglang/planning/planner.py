@@ -11,9 +11,12 @@ saturated replica runs ``C = max_running_requests`` requests, the worst case for
 speed). Per-user speed falls with ``C``, so for each SLA ``s`` the largest feasible
 ``C`` (``p50 >= s`` and ``p90 >= s``) is found by a doubling search followed by
 bisection between the last feasible and the first infeasible ``C``; runs are cached, so
-tiers share them. The tier takes the (policy, ``C``) with the highest throughput among
-the feasible ones. Invariant: every planned tier's simulated p50 and p90 per-user speed
-meet its SLA.
+tiers share them. Every decode step pays the draft pass the tier's engine runs
+(``draft_step_seconds``, per tier; ``None`` = not modelled, step time is the target's
+alone), and ``prefix``/``lagged`` decide with it added to their table, as the served
+scheduler does with ``draftStepSeconds``. The tier takes the (policy, ``C``) with the
+highest throughput among the feasible ones. Invariant: every planned tier's simulated
+p50 and p90 per-user speed meet its SLA.
 
 Output: a Helm values fragment with one ``slaTiers`` entry per SLA, in exactly the keys
 ``helm/dspark-sglang/values.schema.json`` accepts (merged over the chart's defaults by
@@ -25,27 +28,33 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
 from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.planning.frontier import PolicySpec, default_num_requests
-from dspark_sglang.planning.simulator import SimConfig, SimResult, simulate
+from dspark_sglang.planning.simulator import SimConfig, SimResult, is_seconds, simulate
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
 from dspark_sglang.scheduling.cost_table import CostModel
 
 __all__ = [
+    "DRAFT_STEP_KEY",
     "PlanError",
     "PlannedTier",
     "Planner",
     "default_planner_specs",
+    "draft_text",
     "plan_table",
     "tier_name",
     "values_yaml",
 ]
+
+
+DRAFT_STEP_KEY = "draftStepSeconds"
+"""The chart's ``slaTiers[].scheduler`` key of the draft pass (``draft_step_seconds``)."""
 
 
 class PlanError(ValueError):
@@ -62,14 +71,18 @@ class PlannedTier:
     max_verify_tokens: int
     block_size: int
     result: SimResult
+    #: Draft-pass seconds per decode step the prediction assumed (``None``: not modelled).
+    draft_step_seconds: float | None = None
 
     def scheduler_values(self) -> dict[str, Any]:
         """The chart's ``slaTiers[].scheduler`` block (camelCase keys).
 
         Rendered from the tier's ``SchedulerConfig`` (``PolicySpec.config``), the one the
-        simulation ran, so the values carry exactly the validated settings.
+        simulation ran, so the values carry exactly the validated settings, including
+        the draft pass where the policy reads it (``prefix``, ``lagged``) and it was
+        modelled.
         """
-        cfg = self.spec.config(self.block_size, self.max_verify_tokens)
+        cfg = self.spec.config(self.block_size, self.max_verify_tokens, self.draft_step_seconds)
         s: dict[str, Any] = {"policy": cfg.policy, "blockSize": cfg.block_size}
         if cfg.static_k is not None:
             s["staticK"] = cfg.static_k
@@ -77,6 +90,8 @@ class PlannedTier:
             s["lagSteps"] = cfg.lag_steps
         s["maxVerifyTokens"] = cfg.max_verify_tokens
         s["maxRunningRequests"] = self.max_running_requests
+        if cfg.draft_step_seconds is not None:
+            s[DRAFT_STEP_KEY] = cfg.draft_step_seconds
         s["greedyOnly"] = False
         return s
 
@@ -106,6 +121,9 @@ class Planner:
         num_requests: requests per simulation as a function of the concurrency.
         prefill: prefill model of the simulator (see ``simulator``).
         seed: one seed for every run (common random numbers across candidates).
+        draft_step_seconds: seconds of one draft pass, charged to every decode step
+            (``SimConfig.draft_step_seconds``) and added to the table ``prefix``/``lagged``
+            decide with; ``None``: not modelled. ``plan`` may give a tier its own.
     """
 
     traces: AcceptanceTraces
@@ -118,9 +136,16 @@ class Planner:
     prefill: str = "separate"
     seed: int = 0
     progress: Callable[[str, SimResult], None] | None = None
-    _cache: dict[tuple[str, int], SimResult] = field(default_factory=dict, repr=False)
+    draft_step_seconds: float | None = None
+    _cache: dict[tuple[str, int, float | None], SimResult] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        d = self.draft_step_seconds
+        if d is not None and not is_seconds(d):
+            raise PlanError(
+                "Planner.draft_step_seconds must be a finite number of seconds >= 0 (the "
+                f"draft pass of one decode step) or None (not modelled), got {d!r}"
+            )
         if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
             raise PlanError(
                 f"max_concurrency must be an integer >= 1, got {self.max_concurrency!r}"
@@ -137,8 +162,10 @@ class Planner:
         return max(1, cap)
 
     def run(self, spec: PolicySpec, concurrency: int) -> SimResult:
-        """Closed-loop simulation at ``concurrency`` with the tier's verify cap (cached)."""
-        key = (spec.label, concurrency)
+        """Closed-loop simulation at ``concurrency`` with the tier's verify cap and the
+        planner's draft pass (cached)."""
+        draft = self.draft_step_seconds
+        key = (spec.label, concurrency, draft)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -147,9 +174,13 @@ class Planner:
             num_requests=self.num_requests(concurrency),
             prefill=self.prefill,  # type: ignore[arg-type]
             seed=self.seed,
+            draft_step_seconds=draft or 0.0,
         )
         policy = spec.build(
-            self.cost_model, self.max_verify_tokens(concurrency), block_size=self.traces.block_size
+            self.cost_model,
+            self.max_verify_tokens(concurrency),
+            block_size=self.traces.block_size,
+            draft_step_seconds=draft,
         )
         res = simulate(self.traces, self.cost_model, policy, self.lengths, cfg, sts=self.sts)
         self._cache[key] = res
@@ -197,7 +228,13 @@ class Planner:
             r = self.run(spec, c)
             if best is None or r.throughput > best.result.throughput:
                 best = PlannedTier(
-                    sla, spec, c, self.max_verify_tokens(c), self.traces.block_size, r
+                    sla,
+                    spec,
+                    c,
+                    self.max_verify_tokens(c),
+                    self.traces.block_size,
+                    r,
+                    draft_step_seconds=self.draft_step_seconds,
                 )
         if best is None:
             fastest = max(
@@ -212,12 +249,28 @@ class Planner:
             )
         return best
 
-    def plan(self, slas: Sequence[float]) -> list[PlannedTier]:
+    def plan(
+        self,
+        slas: Sequence[float],
+        draft_step_seconds: Mapping[float, float | None] | None = None,
+    ) -> list[PlannedTier]:
+        """One tier per SLA, tightest first. ``draft_step_seconds`` gives an SLA's tier
+        its own draft pass (e.g. its base values' ``draftStepSeconds``); the others use
+        the planner's. Runs are shared between tiers with the same draft pass."""
         if not slas:
             raise PlanError("give at least one SLA (tok/s/user), e.g. --sla 80,120")
         if len(set(slas)) != len(slas):
             raise PlanError(f"SLAs must be distinct, got {list(slas)}")
-        return [self.plan_tier(float(s)) for s in sorted(slas, reverse=True)]
+        own = dict(draft_step_seconds or {})
+        unknown = sorted(set(own) - set(slas))
+        if unknown:
+            raise PlanError(f"a draft pass was given for SLA {unknown[0]:g}, which is not planned")
+        tiers = []
+        for s in sorted(slas, reverse=True):
+            d = own.get(s, self.draft_step_seconds)
+            planner = self if d == self.draft_step_seconds else replace(self, draft_step_seconds=d)
+            tiers.append(planner.plan_tier(float(s)))
+        return tiers
 
 
 def values_yaml(
@@ -237,10 +290,17 @@ def values_yaml(
         lines.append(
             f"#   {_name(t, names)}: policy {t.spec.label}, cap {t.max_running_requests}: "
             f"throughput {r.throughput:.1f}, per-user p50 {r.user_tps_p50:.1f} / "
-            f"p90 {r.user_tps_p90:.1f}"
+            f"p90 {r.user_tps_p90:.1f}; {draft_text(t.draft_step_seconds)}"
         )
     lines.append("# Re-plan after every re-profile or drafter change.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def draft_text(seconds: float | None) -> str:
+    """What a prediction assumed for the draft pass, in words."""
+    if seconds is None:
+        return "draft pass not modelled (0 s per decode step)"
+    return f"draft pass {seconds:g} s per decode step"
 
 
 def _name(t: PlannedTier, names: Mapping[float, str] | None) -> str:
@@ -248,10 +308,11 @@ def _name(t: PlannedTier, names: Mapping[float, str] | None) -> str:
 
 
 def plan_table(tiers: Sequence[PlannedTier], names: Mapping[float, str] | None = None) -> str:
-    """Fixed-width text table of the plan (what the CLI prints)."""
+    """Fixed-width text table of the plan (what the CLI prints); ``draft s`` is the draft
+    pass charged per decode step (``-``: not modelled)."""
     head = (
         f"{'tier':<12}{'SLA':>7}  {'policy':<10}{'cap':>5}{'verify':>8}"
-        f"{'thr tok/s':>11}{'p50':>9}{'p90':>9}{'acc len':>9}"
+        f"{'thr tok/s':>11}{'p50':>9}{'p90':>9}{'acc len':>9}{'draft s':>9}"
     )
     rows = [head, "-" * len(head)]
     for t in tiers:
@@ -260,5 +321,6 @@ def plan_table(tiers: Sequence[PlannedTier], names: Mapping[float, str] | None =
             f"{_name(t, names):<12}{t.sla:>7g}  {t.spec.label:<10}{t.max_running_requests:>5}"
             f"{t.max_verify_tokens:>8}{r.throughput:>11.1f}{r.user_tps_p50:>9.1f}"
             f"{r.user_tps_p90:>9.1f}{r.mean_accept_len:>9.2f}"
+            f"{'-' if t.draft_step_seconds is None else format(t.draft_step_seconds, 'g'):>9}"
         )
     return "\n".join(rows)

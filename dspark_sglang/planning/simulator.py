@@ -35,7 +35,15 @@ Model, per engine step (clock ``t`` in seconds):
 4. Time. Forward batch tokens ``b = N + sum(l)`` (+ prefill tokens); the step takes
    ``1 / SPS(num_reqs, b)`` from the cost table. A batch above the table's
    ``max_batch_tokens`` runs as several forwards of at most that size (times add up),
-   so the table is never extrapolated past its last probe.
+   so the table is never extrapolated past its last probe. A step in which requests
+   decode also pays the draft pass, ``draft_step_seconds`` (once per step): the table
+   profiles the target's forward alone, and the DSPARK_MOE engine drafts every decode
+   step before the policy decides, whatever it then verifies (policy ``none``
+   included). A prefill-only step (``"separate"``) drafts nothing and pays nothing.
+   This is the same ``1 / SPS + d`` a ``prefix``/``lagged`` policy built with
+   ``draft_step_seconds = d`` decides with (``cost_table.with_fixed_step_cost``); the
+   policy's table is for its decisions only, the clock reads ``cost_model`` (the
+   target-only profile) and adds ``d`` itself, so nothing is counted twice.
 
 Per-user speed is the decode speed ``(output - 1) / (finish - first_token)`` (1 / TPOT,
 as SGLang reports it and the chart's SLA alert judges it). ``user_tps_p90`` is the speed
@@ -70,6 +78,7 @@ __all__ = [
     "SimDetails",
     "SimResult",
     "StepTimer",
+    "is_seconds",
     "simulate",
 ]
 
@@ -103,6 +112,9 @@ class SimConfig:
         seed: seeds lengths, domains, trace choice and arrivals.
         max_steps: safety bound; exceeding it raises (a stuck configuration).
         record_decisions: keep every step's confidences and verify lengths (tests).
+        draft_step_seconds: seconds of the draft pass added to every step in which
+            requests decode (see the module docstring); ``0`` = not modelled. The cost
+            model given to ``simulate`` must be the target-only profile.
     """
 
     mode: Literal["closed", "open"] = "closed"
@@ -120,8 +132,16 @@ class SimConfig:
     seed: int = 0
     max_steps: int = 2_000_000
     record_decisions: bool = False
+    draft_step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        d = self.draft_step_seconds
+        if not is_seconds(d):
+            raise ValueError(
+                "SimConfig.draft_step_seconds must be a finite number of seconds >= 0 (the "
+                f"draft pass of one decode step; 0 = not modelled), got {d!r}"
+            )
+        object.__setattr__(self, "draft_step_seconds", float(d))
         if self.mode == "closed":
             if not _pos_int(self.concurrency):
                 raise ValueError(
@@ -198,6 +218,11 @@ class SimConfig:
 
 def _pos_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def is_seconds(v: Any) -> bool:
+    """Whether ``v`` is a finite number >= 0 (a duration in seconds; not a bool)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 class StepTimer:
@@ -278,6 +303,8 @@ class SimResult:
     completed: int
     sim_time: float
     steps: int
+    #: Seconds of draft pass the clock charged per decode step (0: not modelled).
+    draft_step_seconds: float = 0.0
     details: SimDetails | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -452,6 +479,8 @@ def simulate(
             round_tokens = int(accepted.sum()) + n
         num_reqs = n + len(pre_reqs)
         dt = timer(num_reqs, n + drafts + pre_tokens)
+        if n:  # the engine drafts for the decoding requests before the policy decides
+            dt += cfg.draft_step_seconds
         steps.append((t, dt, n, drafts, pre_tokens, emitted_step, round_tokens))
         t += dt
 
@@ -547,5 +576,6 @@ def _summarise(
         completed=int(ok.sum()),
         sim_time=float(t_end),
         steps=int(d.step_time.size),
+        draft_step_seconds=cfg.draft_step_seconds,
         details=d,
     )

@@ -11,9 +11,12 @@ What a plan may change on its tier: ``minTokensPerSecPerUser``, the scheduler's 
 keys (``policy``, ``blockSize``, ``lagSteps``/``staticK``, ``maxVerifyTokens``,
 ``maxRunningRequests``), the cost table and STS reference, and the replica count when a
 load is given. Everything else (``greedyOnly``, resources, model paths, other tiers)
-stays as it was, except ``draftStepSeconds``, dropped when the planned policy is not
-``prefix`` or ``lagged`` (the only ones that read it). The plan never sets it: a profile
-times the target alone, so the draft pass's time has no source here.
+stays as it was, except ``draftStepSeconds``: dropped when the planned policy is not
+``prefix`` or ``lagged`` (the only ones that read it), and otherwise set to the draft
+pass the plan assumed when it modelled one (``--draft-step-seconds``, or the tier's own
+value, read by ``base_draft_step_seconds``), so the served scheduler decides with the
+cost the prediction charged. A profile times the target alone; without either source
+the draft pass is not modelled and the tier's key is left as it was.
 
 Refusals, each naming both sides and the fix: a profile measured at another TP degree
 than the tier runs, on another hardware group than the tier's table names, or for
@@ -36,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from dspark_sglang.planning.planner import PlanError, PlannedTier, tier_name
+from dspark_sglang.planning.planner import DRAFT_STEP_KEY, PlanError, PlannedTier, tier_name
+from dspark_sglang.planning.simulator import is_seconds
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "ProfileIdentity",
     "TierLoad",
     "apply_plan",
+    "base_draft_step_seconds",
     "load_base_values",
     "map_tiers",
     "replicas_for",
@@ -162,6 +167,32 @@ def map_tiers(
     return out
 
 
+def base_draft_step_seconds(
+    base: Mapping[str, Any], names: Mapping[float, str]
+) -> dict[float, float]:
+    """Each planned SLA's draft pass from its base tier's ``scheduler.draftStepSeconds``.
+
+    SLAs whose tier is new or sets none are left out (their draft pass is not modelled
+    unless ``--draft-step-seconds`` gives one). A value that is not a finite number of
+    seconds >= 0 is refused, naming the tier.
+    """
+    tiers = {t["name"]: t for t in base.get("slaTiers") or []}
+    out: dict[float, float] = {}
+    for sla, name in names.items():
+        sched = (tiers.get(name) or {}).get("scheduler") or {}
+        if DRAFT_STEP_KEY not in sched:
+            continue
+        v = sched[DRAFT_STEP_KEY]
+        if not is_seconds(v):
+            raise PlanError(
+                f"--base-values: slaTiers[{name}].scheduler.{DRAFT_STEP_KEY} = {v!r} must be "
+                "a finite number of seconds >= 0 (one draft pass); fix it there or override "
+                "it with --draft-step-seconds"
+            )
+        out[sla] = float(v)
+    return out
+
+
 def replicas_for(tier: PlannedTier, load: TierLoad) -> int:
     """Replicas that carry ``load`` with each replica at the tier's admission cap.
 
@@ -219,7 +250,7 @@ def _planned_scheduler(old: Mapping[str, Any] | None, planned: Mapping[str, Any]
     if planned["policy"] not in NEEDS_COST_TABLE:
         # The operator's draft-pass time is kept only where the planned policy reads it
         # (the chart refuses it on any other policy, as SchedulerConfig does).
-        out.pop("draftStepSeconds", None)
+        out.pop(DRAFT_STEP_KEY, None)
     out.update({k: v for k, v in planned.items() if k != "greedyOnly"})
     out.setdefault("greedyOnly", planned.get("greedyOnly", False))
     return out

@@ -193,3 +193,45 @@ def test_malformed_tier_and_load_flags_name_the_flag(tmp_path: Path, capsys) -> 
         rc, out = _plan(tmp_path, "--base-values", str(LIVE_VALUES), flag, value)
         assert rc == 2 and not out.exists()
         assert msg in capsys.readouterr().err
+
+
+def test_the_draft_pass_comes_from_the_tier_or_the_flag_and_is_recorded(
+    tmp_path: Path, capsys
+) -> None:
+    base = yaml.safe_load(LIVE_VALUES.read_text())
+    batch = base["slaTiers"][1]
+    del batch["scheduler"]["staticK"]
+    batch["scheduler"].update(policy="lagged", lagSteps=2, draftStepSeconds=0.03)
+    live = tmp_path / "live.yaml"
+    live.write_text(yaml.safe_dump(base))
+
+    rc, out = _plan(tmp_path, "--base-values", str(live))
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert (
+        "interactive: draft pass not modelled (0 s per decode step); give --draft-step-seconds"
+        in printed
+    )
+    where = "--base-values slaTiers[batch].scheduler.draftStepSeconds"
+    assert f"batch: draft pass 0.03 s per decode step (from {where})" in printed
+    header = [ln for ln in out.read_text().splitlines() if ln.startswith("#   ")]
+    assert [ln.rpartition("; ")[2] for ln in header] == [
+        "draft pass not modelled (0 s per decode step)",
+        "draft pass 0.03 s per decode step",
+    ]
+
+    # The flag wins, for every tier, and lands where the planned policy reads it.
+    rc, out = _plan(tmp_path, "--base-values", str(live), "--draft-step-seconds", "0.02", sla="2")
+    assert rc == 0
+    assert "batch: draft pass 0.02 s per decode step (from --draft-step-seconds)" in (
+        capsys.readouterr().out
+    )
+    (planned,) = [t for t in yaml.safe_load(out.read_text())["slaTiers"] if t["name"] == "batch"]
+    sched = planned["scheduler"]
+    assert sched.get("draftStepSeconds") == (0.02 if sched["policy"] == "lagged" else None)
+
+    batch["scheduler"]["draftStepSeconds"] = "30ms"
+    live.write_text(yaml.safe_dump(base))
+    rc, _ = _plan(tmp_path, "--base-values", str(live))
+    assert rc == 2
+    assert "slaTiers[batch].scheduler.draftStepSeconds = '30ms'" in capsys.readouterr().err

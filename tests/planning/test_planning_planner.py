@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from dspark_sglang.planning.values_edit import (
     CostTableSource,
     ProfileIdentity,
     apply_plan,
+    base_draft_step_seconds,
     map_tiers,
 )
 from dspark_sglang.scheduling.config import SchedulerConfig
@@ -246,3 +248,64 @@ def _volumes(doc: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         spec = spec["template"]
     return spec["spec"].get("volumes", [])
+
+
+def test_the_draft_pass_slows_every_run_and_is_recorded_per_tier(planner: Planner) -> None:
+    """A tier's draft pass is charged to its runs only, and its tier records it."""
+    mtp1 = PolicySpec("mtp1")  # static: the same steps with or without the draft pass
+    only_mtp1 = replace(planner, specs=[mtp1])
+    drafted = replace(only_mtp1, draft_step_seconds=0.004)
+    plain_run, drafted_run = only_mtp1.run(mtp1, 4), drafted.run(mtp1, 4)
+    assert (plain_run.draft_step_seconds, drafted_run.draft_step_seconds) == (0.0, 0.004)
+    assert plain_run.steps == drafted_run.steps
+    assert drafted_run.throughput < plain_run.throughput
+    assert only_mtp1.run(mtp1, 4) is plain_run  # the cache keeps the two apart
+    fast, slow = only_mtp1.plan([100.0, 60.0], {60.0: 0.004})
+    assert (fast.sla, fast.draft_step_seconds, fast.result.draft_step_seconds) == (100.0, None, 0.0)
+    assert (slow.sla, slow.draft_step_seconds, slow.result.draft_step_seconds) == (
+        60.0,
+        0.004,
+        0.004,
+    )
+    # The same policy and cap without the draft pass: the same steps, each shorter.
+    undrafted = only_mtp1.run(mtp1, slow.max_running_requests)
+    assert slow.result.throughput < undrafted.throughput
+    with pytest.raises(PlanError, match="draft pass was given for SLA 61"):
+        planner.plan(SLAS, {61.0: 0.004})
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(PlanError, match=r"Planner\.draft_step_seconds must be a finite"):
+            replace(planner, draft_step_seconds=bad)
+
+
+@pytest.mark.parametrize("policy", ["lagged", "prefix", "mtp1", "none"])
+def test_a_modelled_draft_pass_is_written_where_the_planned_policy_reads_it(policy: str) -> None:
+    """The served scheduler then decides with the cost the prediction charged; the base
+    tier's own value is replaced, or dropped for a policy the chart refuses it on."""
+    base = {
+        "slaTiers": [
+            {
+                "name": "interactive",
+                "minTokensPerSecPerUser": 120,
+                "tp": 1,
+                "scheduler": {"policy": "lagged", "blockSize": 7, "draftStepSeconds": 0.004},
+                "costTable": {"hardwareGroup": "test-hw", "version": "3f1664f4b5"},
+            }
+        ]
+    }
+    names = {120.0: "interactive"}
+    assert base_draft_step_seconds(base, names) == {120.0: 0.004}
+    source = CostTableSource(
+        published={"hardwareGroup": "test-hw", "version": "3f1664f4b5"}, inline=None
+    )
+    ident = ProfileIdentity("test-hw", "test-model", 1, "3f1664f4b5")
+    for modelled, expected in ((0.01, 0.01), (None, 0.004)):
+        planned = PlannedTier(120.0, PolicySpec(policy), 16, 96, 7, None, modelled)  # type: ignore[arg-type]
+        doc = apply_plan(base, [planned], names, ident, cost_table=source, sts=None)
+        sched = doc["slaTiers"][0]["scheduler"]
+        reads = policy in ("lagged", "prefix")
+        assert sched.get("draftStepSeconds") == (expected if reads else None)
+    base["slaTiers"][0]["scheduler"]["draftStepSeconds"] = -0.004
+    with pytest.raises(
+        PlanError, match=r"slaTiers\[interactive\]\.scheduler\.draftStepSeconds = -0\.004"
+    ):
+        base_draft_step_seconds(base, names)

@@ -11,6 +11,7 @@ import pytest
 
 from dspark_sglang.planning.frontier import PolicySpec, default_policy_specs, sweep
 from dspark_sglang.scheduling.config import POLICIES, ConfigError
+from dspark_sglang.scheduling.cost_table import with_fixed_step_cost
 from dspark_sglang.scheduling.policies import (
     IN_MEMORY_COST_TABLE,
     LaggedBudgetScheduler,
@@ -66,3 +67,17 @@ def test_sweep_refuses_a_spec_the_traces_block_cannot_run(table, high_traces, le
             [1],
             num_requests=lambda c: 4,
         )
+
+
+def test_the_draft_pass_reaches_only_the_policies_that_read_a_table(table) -> None:
+    """``prefix``/``lagged`` decide with the table plus the draft pass (as a tier with
+    ``draftStepSeconds`` does); the others take no table, so the config carries none."""
+    for name in ("lagged", "prefix"):
+        spec = PolicySpec(name)
+        assert spec.config(4, draft_step_seconds=0.004).draft_step_seconds == 0.004
+        policy = spec.build(table, block_size=4, draft_step_seconds=0.004)
+        assert policy.cost_model == with_fixed_step_cost(table, 0.004)
+        assert policy.cost_model != table  # its own table; the clock reads the caller's
+        assert spec.build(table, block_size=4).cost_model is table
+    for spec in (PolicySpec("mtp1"), PolicySpec("static", 2), PolicySpec("none")):
+        assert spec.config(4, draft_step_seconds=0.004).draft_step_seconds is None

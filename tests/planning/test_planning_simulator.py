@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -175,3 +177,62 @@ def test_config_errors_name_the_field() -> None:
         SimConfig(concurrency=0)
     with pytest.raises(ValueError, match=r"max_running_requests .* open-loop"):
         SimConfig(mode="open", arrival_rate=1.0)
+    for bad in (-0.001, float("nan"), float("inf"), True, "0.01"):
+        with pytest.raises(ValueError, match=r"SimConfig\.draft_step_seconds must be a finite"):
+            SimConfig(concurrency=1, draft_step_seconds=bad)  # type: ignore[arg-type]
+
+
+def test_draft_pass_by_hand() -> None:
+    """One forward takes 0.125 s (a flat table at 8 steps/s) and the draft pass 0.125 s:
+    every decode step takes 0.25 s, so throughput and per-user speed halve, exactly."""
+    k, c, rounds = 2, 3, 6
+    t = synthetic_traces(10, 4, [0.5] * 5, seed=0)
+    perfect = AcceptanceTraces(
+        t.request_id, t.domain_index, t.domains, t.confidence_logits, torch.full_like(t.accepted, 5)
+    )
+    flat = SpsCostTable(sample_batch_tokens=(1,), sample_steps_per_sec=(8.0,), max_batch_tokens=64)
+    lengths = LengthDistribution((8,), (rounds * (k + 1),))  # every round emits k + 1
+
+    def run(draft: float):
+        cfg = SimConfig(
+            concurrency=c,
+            num_requests=3 * c,
+            prefill="none",
+            drain=True,
+            warmup_fraction=0,
+            draft_step_seconds=draft,
+        )
+        return simulate(perfect, flat, build_policy("static", k=k), lengths, cfg)
+
+    plain, drafted = run(0.0), run(0.125)
+    # Three waves of c requests, `rounds` steps each, c * (k + 1) = 9 tokens per step.
+    assert plain.steps == drafted.steps == 3 * rounds
+    assert plain.throughput == pytest.approx(9 / 0.125, rel=1e-12)
+    assert drafted.throughput == pytest.approx(9 / 0.25, rel=1e-12)
+    assert drafted.details is not None
+    assert np.array_equal(drafted.details.step_time, np.full(3 * rounds, 0.25))
+    # Per user: 17 tokens after the first round's, over the 5 steps that follow it.
+    assert drafted.user_tps_p50 == pytest.approx(17 / (5 * 0.25), rel=1e-12)
+    assert (plain.draft_step_seconds, drafted.draft_step_seconds) == (0.0, 0.125)
+
+
+@pytest.mark.parametrize("prefill", ["separate", "mixed"])
+def test_draft_pass_is_paid_once_per_decode_step_and_never_by_prefill_only_steps(
+    table, high_traces, lengths, prefill
+) -> None:
+    d = 0.0125
+    policy = build_policy("static", k=2)  # its decisions do not read the clock
+    base = SimConfig(concurrency=4, num_requests=30, prefill=prefill, drain=True)
+    plain = simulate(high_traces, table, policy, lengths, base)
+    drafted = simulate(high_traces, table, policy, lengths, replace(base, draft_step_seconds=d))
+    p, q = plain.details, drafted.details
+    assert p is not None and q is not None
+    # The same engine run, step for step; only the clock differs.
+    for name in ("step_decoding", "step_drafts", "step_prefill_tokens", "step_emitted"):
+        assert np.array_equal(getattr(p, name), getattr(q, name)), name
+    decodes = p.step_decoding > 0
+    assert (~decodes).any()  # prefill-only steps ran, and paid nothing
+    if prefill == "mixed":  # a step carrying prefill tokens and decoders drafts once
+        assert (decodes & (p.step_prefill_tokens > 0)).any()
+    assert np.allclose(q.step_time - p.step_time, np.where(decodes, d, 0.0), rtol=0, atol=1e-12)
+    assert drafted.throughput < plain.throughput
