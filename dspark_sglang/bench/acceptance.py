@@ -24,7 +24,6 @@ Invariant: every figure in the report is a pure function of the per-round
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from dspark_sglang.results import dump_json
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.policies import VerifyAll
 from dspark_sglang.targets.hf_target import HFTarget
+from dspark_sglang.targets.smollm2 import sha256_file
 
 __all__ = [
     "AcceptanceReport",
@@ -166,14 +166,6 @@ class PromptFile:
         }
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_prompt_file(
     target: HFTarget,
     name: str,
@@ -250,7 +242,7 @@ def load_prompt_file(
         skipped=dict(log.counts),
         examples=tuple(log.examples),
         size=path.stat().st_size,
-        sha256=_sha256(path),
+        sha256=sha256_file(path),
     )
 
 

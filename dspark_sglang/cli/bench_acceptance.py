@@ -83,6 +83,21 @@ on your own held-out chats only (e.g. to fit STS for your traffic):
 BENCHMARK = "acceptance"
 
 
+def _split_named(flag: str, value: str, shape: str, names: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> ``(name, path)``; refuses a missing ``=``, an empty path or a bad NAME.
+
+    ``shape`` is the expected form with an example, ``names`` what the NAME names.
+    """
+    name, sep, path = value.partition("=")
+    if not sep or not path:
+        raise UsageError(f"{flag} {value!r}: expected {shape}")
+    if not _NAME.match(name):
+        raise UsageError(
+            f"{flag} {value!r}: NAME must be letters, digits, '_', '.', '-' (it names {names}"
+        )
+    return name, path
+
+
 def parse_drafter_specs(values: list[str]) -> list[tuple[str, Path]]:
     """``["name=path", ...]`` -> ``[(name, Path)]``; refuses malformed or duplicate names."""
     if not values:
@@ -90,17 +105,12 @@ def parse_drafter_specs(values: list[str]) -> list[tuple[str, Path]]:
     out: list[tuple[str, Path]] = []
     seen: set[str] = set()
     for v in values:
-        name, sep, path = v.partition("=")
-        if not sep or not path:
-            raise UsageError(
-                f"--drafter {v!r}: expected NAME=PATH, e.g. "
-                "--drafter dspark=runs/train/dspark_smollm2"
-            )
-        if not _NAME.match(name):
-            raise UsageError(
-                f"--drafter {v!r}: NAME must be letters, digits, '_', '.', '-' (it names "
-                "output folders), e.g. dspark"
-            )
+        name, path = _split_named(
+            "--drafter",
+            v,
+            "NAME=PATH, e.g. --drafter dspark=runs/train/dspark_smollm2",
+            "output folders), e.g. dspark",
+        )
         if name in seen:
             raise UsageError(
                 f"--drafter: name {name!r} is given twice; give every drafter a unique NAME"
@@ -130,16 +140,12 @@ def parse_prompt_specs(values: list[str]) -> list[tuple[str, Path]]:
     out: list[tuple[str, Path]] = []
     seen: set[str] = set()
     for v in values:
-        name, sep, path = v.partition("=")
-        if not sep or not path:
-            raise UsageError(
-                f"--prompts {v!r}: expected NAME=FILE, e.g. --prompts heldout=/data/heldout.jsonl"
-            )
-        if not _NAME.match(name):
-            raise UsageError(
-                f"--prompts {v!r}: NAME must be letters, digits, '_', '.', '-' (it names "
-                "the set's columns and trace files), e.g. heldout"
-            )
+        name, path = _split_named(
+            "--prompts",
+            v,
+            "NAME=FILE, e.g. --prompts heldout=/data/heldout.jsonl",
+            "the set's columns and trace files), e.g. heldout",
+        )
         if name in _EVAL_SETS or name == "macro" or name.startswith("rollouts_"):
             raise UsageError(
                 f"--prompts {v!r}: NAME {name!r} is taken (the built-in sets "

@@ -81,7 +81,8 @@ def gguf_path(cache_dir: Path | str | None = None) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -166,7 +167,7 @@ def convert_gguf(src: Path, dst: Path) -> dict[str, object]:
     tok.save_pretrained(str(dst))
     record: dict[str, object] = {
         "source": src.name,
-        "source_sha256": _sha256(src),
+        "source_sha256": sha256_file(src),
         "recipe": CONVERSION_RECIPE,
         "dtype": "float32",
         "check_prompt": CHECK_PROMPT,

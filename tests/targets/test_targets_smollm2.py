@@ -52,7 +52,7 @@ def test_converted_model_equals_gguf_model() -> None:
     assert config["dtype"] == "float32"
     record = json.loads((path / s.RECORD_FILENAME).read_text())
     gguf = s.gguf_path()
-    assert record["source_sha256"] == s._sha256(gguf)
+    assert record["source_sha256"] == s.sha256_file(gguf)
 
     target = HFTarget(path)
     ref_tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
