@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -26,12 +27,44 @@ import psutil
 
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, _kill_leftovers
 
+# Ports handed to a server that binds them later. Below the kernel's ephemeral
+# range (32768+ by default), where gloo's pair listeners and outgoing connections
+# of the server's own children take their ports, and below SGLang's own pick for
+# its torch.distributed port (22000-29999), so neither can take ours in between.
+PORT_RANGE = (15000, 21999)
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+    """A TCP port free right now on ``host``, for a process that binds it later.
+
+    Taken from :data:`PORT_RANGE`, never from the ephemeral range: a port the OS
+    hands out for ``bind(0)`` can be handed out again, before the server binds
+    it, to one of the server's own children (a gloo listener of a TP rank), and
+    the server then fails to start with "address already in use".
+    """
+    low, high = PORT_RANGE[0], min(PORT_RANGE[1], _ephemeral_low() - 1)
+    if high - low + 1 < attempts:
+        raise RuntimeError(
+            f"the kernel's ephemeral port range starts at {_ephemeral_low()} "
+            f"({EPHEMERAL_RANGE_FILE}); free_port needs {low}-{PORT_RANGE[1]} below it: "
+            "raise net.ipv4.ip_local_port_range's lower bound"
+        )
+    for port in random.sample(range(low, high + 1), attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on {host} in {low}-{high} after {attempts} tries")
 
 
 def server_cli_args(spec: CpuEngineSpec, host: str, port: int) -> list[str]:
@@ -63,8 +96,15 @@ def _wait_ready(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"SGLang server exited with {proc.returncode} during start:\n{tail}")
+            text = log.read_text(errors="replace")
+            hint = (
+                f"\nits port was taken before it could bind ({base_url}): pick another port"
+                if "address already in use" in text.lower()
+                else ""
+            )
+            raise RuntimeError(
+                f"SGLang server exited with {proc.returncode} during start:{hint}\n{text[-4000:]}"
+            )
         try:
             with urllib.request.urlopen(base_url + path, timeout=5) as r:
                 if r.status == 200:

@@ -22,7 +22,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -35,6 +34,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from dspark_sglang.sglang_integration.server import free_port
 
 BUILD_HINT = "run `bash scripts/build_kube_apiserver.sh` (about 7 minutes)"
 
@@ -61,12 +62,6 @@ def binaries() -> tuple[Path, Path]:
     if shutil.which("openssl") is None:  # makes the service-account signing key
         pytest.skip("openssl not found: the test apiserver needs it for its signing key")
     return apiserver, etcd
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -179,7 +174,7 @@ def running_apiserver(workdir: Path, ready_timeout: float = 90.0) -> Iterator[Ap
     subprocess.run(
         ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
     )
-    client_port, peer_port, secure_port = _free_port(), _free_port(), _free_port()
+    client_port, peer_port, secure_port = free_port(), free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{client_port}"
     peer_url = f"http://127.0.0.1:{peer_port}"
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,18 +43,13 @@ from dspark_sglang.model import (
 )
 from dspark_sglang.model.moe import MoEFFN, route
 from dspark_sglang.model.vocab import DraftVocab, scatter_to_vocab
+from dspark_sglang.sglang_integration.server import free_port
 
 pytestmark = pytest.mark.sglang
 
 VOCAB, HIDDEN, LAYERS = 96, 64, 6
 WINDOW, BLOCK = 6, 4
 ATOL = 2e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +71,7 @@ def sglang_runtime() -> Iterator[None]:
             rank=0,
             local_rank=0,
             backend="gloo",
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
         )
     own_groups = not parallel_state.model_parallel_is_initialized()
     if own_groups:
