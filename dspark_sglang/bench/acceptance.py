@@ -17,6 +17,10 @@ Per drafter ``d`` and domain ``D`` (requests ``i``, each with ``n_i`` rounds and
     position k      accepted_k / reached_k             (conditional acceptance)
     macro           mean over domains of L, stderr sqrt(sum se_D^2) / |domains|
     gain(a over b)  100 * (L_a / L_b - 1) %           (per domain and macro)
+    its stderr      100 * sqrt(V_a/L_b^2 + L_a^2 V_b/L_b^4 - 2 L_a C_ab/L_b^3)  (delta method)
+                    V = stderr^2; C_ab = R/(R-1) sum_i u_ai u_bi with u_i = (s_i - L n_i) / sum n,
+                    the two drafters' estimates paired by request (same prompts, same order);
+                    macro: V and C summed over domains / |domains|^2
 
 Invariant: every figure in the report is a pure function of the per-round
 ``accepted`` counts it stores, so a reader can recompute them from the JSON.
@@ -253,19 +257,45 @@ def _nan_to_none(xs: Sequence[float]) -> list[float | None]:
     return [None if not math.isfinite(x) else float(x) for x in xs]
 
 
-def accept_length_stats(accepted: Sequence[Sequence[int]]) -> tuple[float, float]:
-    """``(L, stderr)`` of tokens per round from per-request accepted counts (module docstring)."""
+def _influence(accepted: Sequence[Sequence[int]]) -> tuple[float, torch.Tensor]:
+    """``(L, u)``: tokens per round and each request's ``u_i = (s_i - L n_i) / sum n``."""
     s = torch.tensor([sum(a + 1 for a in r) for r in accepted], dtype=torch.float64)
     n = torch.tensor([len(r) for r in accepted], dtype=torch.float64)
     total = float(n.sum())
     if total == 0:
-        return float("nan"), float("nan")
+        return float("nan"), torch.full_like(s, float("nan"))
     mean = float(s.sum()) / total
+    return mean, (s - mean * n) / total
+
+
+def accept_length_stats(accepted: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """``(L, stderr)`` of tokens per round from per-request accepted counts (module docstring)."""
+    mean, u = _influence(accepted)
     r = len(accepted)
-    if r < 2:
+    if r < 2 or not math.isfinite(mean):
         return mean, float("nan")
-    se = math.sqrt(r / (r - 1) * float(((s - mean * n) ** 2).sum())) / total
-    return mean, se
+    return mean, math.sqrt(r / (r - 1) * float((u * u).sum()))
+
+
+def paired_covariance(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:
+    """Covariance of two drafters' ``L`` estimates run on the same requests, in order.
+
+    Requests are the independent units, and request ``i`` is the same prompt for both,
+    so the two estimates co-vary through it (a prompt easy for one is easy for the other).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired_covariance: {len(a)} vs {len(b)} requests; pair by request")
+    r = len(a)
+    if r < 2:
+        return float("nan")
+    (_, ua), (_, ub) = _influence(a), _influence(b)
+    return r / (r - 1) * float((ua * ub).sum())
+
+
+def ratio_gain_stderr(a: float, b: float, var_a: float, var_b: float, cov: float) -> float:
+    """Standard error, in %, of ``100 * (a / b - 1)`` by the delta method (module docstring)."""
+    var = var_a / b**2 + a**2 * var_b / b**4 - 2.0 * a * cov / b**3
+    return 100.0 * math.sqrt(max(var, 0.0)) if math.isfinite(var) else float("nan")
 
 
 @dataclass(frozen=True)
@@ -377,6 +407,22 @@ class AcceptanceReport:
             a, b = self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
         return 100.0 * (a / b - 1.0)
 
+    def gain_stderr(self, better: str, base: str, domain: str | None = None) -> float:
+        """Standard error of :meth:`gain`, in %, pairing the two drafters by request."""
+        domains = self.domains if domain is None else (domain,)
+        k = len(domains)
+        va = vb = cov = 0.0
+        for d in domains:
+            ca, cb = self.cells[better][d], self.cells[base][d]
+            va += ca.accept_length_stderr**2 / k**2
+            vb += cb.accept_length_stderr**2 / k**2
+            cov += paired_covariance(ca.accepted, cb.accepted) / k**2
+        if domain is None:
+            a, b = self.macro(better)[0], self.macro(base)[0]
+        else:
+            a, b = self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
+        return ratio_gain_stderr(a, b, va, vb, cov)
+
     def gains(self) -> dict[str, dict[str, dict[str, float]]]:
         """``gains[a][b][domain or 'macro']`` for every ordered pair of distinct drafters."""
         return {
@@ -422,6 +468,16 @@ class AcceptanceReport:
             },
             "gains_percent": {
                 a: {b: {k: clean(v) for k, v in row.items()} for b, row in cols.items()}
+                for a, cols in gains.items()
+            },
+            "gains_stderr_percent": {
+                a: {
+                    b: {
+                        **{d: clean(self.gain_stderr(a, b, d)) for d in self.domains},
+                        "macro": clean(self.gain_stderr(a, b)),
+                    }
+                    for b in cols
+                }
                 for a, cols in gains.items()
             },
         }

@@ -37,8 +37,8 @@ Figure 2). Settings are the paper's: temperature 1 (--temperature sets another,
 the bonus/correction token counted, the same prompts and seed for every
 drafter. Output: a table (rows drafters, columns eval sets + macro average,
 mean +- standard error over requests), relative gains of the first drafter over
-the others, a JSON with every per-round count (--out) and a two-panel PNG
-(--plot).
+the others with their standard errors (the drafters paired by prompt), a JSON
+with every per-round count (--out) and a two-panel PNG (--plot).
 
 Your own prompts: --prompts NAME=FILE adds the chat JSONL FILE as an eval set
 called NAME (repeat for several files), read as the training data stage reads
@@ -302,11 +302,14 @@ def _print_report(console: Any, report: Any) -> None:
     console.print(table)
     first = report.drafters[0]
     for other in report.drafters[1:]:
-        parts = [f"{d} {report.gain(first, other, d):+.1f}%" for d in report.domains]
+        parts = [
+            f"{d} {report.gain(first, other, d):+.1f}% ± {report.gain_stderr(first, other, d):.1f}"
+            for d in report.domains
+        ]
         console.print(
-            f"gain {first} vs {other}: "
+            f"gain {first} vs {other} (± standard error, paired by prompt): "
             + ", ".join(parts)
-            + f", macro {report.gain(first, other):+.1f}%"
+            + f", macro {report.gain(first, other):+.1f}% ± {report.gain_stderr(first, other):.1f}"
         )
     pos = Table(title="position-wise conditional acceptance (all sets pooled)")
     pos.add_column("drafter")

@@ -27,6 +27,24 @@ from dspark_sglang.results import local_path
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def _paired_gain_se(rows_a: list[list[int]], rows_b: list[list[int]]) -> float:
+    """SE in % of 100 (L_a / L_b - 1), written out per request (no library code)."""
+
+    def parts(rows: list[list[int]]) -> tuple[float, list[float]]:
+        s = [sum(x + 1 for x in r) for r in rows]
+        n = [len(r) for r in rows]
+        mean = sum(s) / sum(n)
+        return mean, [(si - mean * ni) / sum(n) for si, ni in zip(s, n, strict=True)]
+
+    (la, ua), (lb, ub) = parts(rows_a), parts(rows_b)
+    r = len(rows_a)
+    var_a = r / (r - 1) * sum(x * x for x in ua)
+    var_b = r / (r - 1) * sum(x * x for x in ub)
+    cov = r / (r - 1) * sum(x * y for x, y in zip(ua, ub, strict=True))
+    var = var_a / lb**2 + la**2 * var_b / lb**4 - 2 * la * cov / lb**3
+    return 100 * max(var, 0.0) ** 0.5
+
+
 def test_cli_end_to_end(
     tiny_chat_dir: Path,
     tiny_drafters: dict[str, Path],
@@ -82,6 +100,15 @@ def test_cli_end_to_end(
                 assert g[dom] == pytest.approx(100 * (la / lb - 1))
             ma, mb = data["macro"][a]["accept_length"], data["macro"][b]["accept_length"]
             assert g["macro"] == pytest.approx(100 * (ma / mb - 1))
+            se = data["gains_stderr_percent"][a][b]
+            for dom in data["domains"]:
+                assert se[dom] == pytest.approx(
+                    _paired_gain_se(
+                        data["results"][a][dom]["accepted_per_round"],
+                        data["results"][b][dom]["accepted_per_round"],
+                    ),
+                    abs=1e-9,
+                )
 
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
 
