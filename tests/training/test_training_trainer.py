@@ -242,6 +242,8 @@ def test_ablation_configs_change_one_thing(
         ("scale/dflash_smollm2_1layer_x4", "scale/dflash_smollm2_1layer_x3"),
         ("scale/dspark_smollm2_1layer_r96_x5", "scale/dspark_smollm2_1layer_r96_x3"),
         ("scale/dflash_smollm2_1layer_x5", "scale/dflash_smollm2_1layer_x3"),
+        ("scale/dspark_smollm2_1layer_r96_regen", "ablations/dspark_smollm2_1layer_r96"),
+        ("scale/dflash_smollm2_1layer_regen", "ablations/dflash_smollm2_1layer"),
     ],
 )
 def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> None:
@@ -262,7 +264,8 @@ def test_scale_configs_change_only_data_and_schedule(scaled: str, base: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("scale", "previous"), [("x2", None), ("x3", "x2"), ("x4", "x3"), ("x5", None)]
+    ("scale", "previous"),
+    [("x2", None), ("x3", "x2"), ("x4", "x3"), ("x5", None), ("regen", None)],
 )
 def test_scale_pair_shares_data_and_schedule(scale: str, previous: str | None) -> None:
     """DSpark vs DFlash is only a head-to-head if both saw the same data for the same steps."""
