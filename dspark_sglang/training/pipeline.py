@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.training.config import TrainConfig
+from dspark_sglang.training.precision import warn_emulated_bf16
 
 __all__ = ["load_target", "resolve_mask_token_id", "run_data_stage", "run_train_stage"]
 
@@ -131,6 +132,8 @@ def run_data_stage(
         generator=d.generator,
     )
     print(f"[data] {len(encoded)} prompts (of {n_all}) -> {d.dir} (generator {d.generator})")
+    if d.generator in ("hf", "sglang"):  # openai: the servers' own precision, elsewhere
+        warn_emulated_bf16("data.gen_dtype", d.gen_dtype, cfg.run.device)
     regenerate = partial(
         regenerate_responses,
         prompts=encoded,
@@ -218,6 +221,7 @@ def run_train_stage(cfg: TrainConfig, target, resume: bool, progress: bool) -> A
     from dspark_sglang.training.online import OnlineHiddenStates
     from dspark_sglang.training.trainer import Trainer, resolve_layer_ids
 
+    warn_emulated_bf16("run.autocast", cfg.run.autocast, cfg.run.device)
     online = None
     if cfg.data.hidden_states == "online":
         sequences: Any = ResponseSequences(cfg.data.dir)
