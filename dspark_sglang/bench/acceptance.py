@@ -399,12 +399,15 @@ class AcceptanceReport:
         acc = [sum(c.position_accepted[k] for c in cells) for k in range(cells[0].block_size)]
         return [a / r if r > 0 else float("nan") for a, r in zip(acc, reached, strict=True)]
 
+    def _lengths(self, better: str, base: str, domain: str | None) -> tuple[float, float]:
+        """The two accepted lengths a gain compares: one domain's, or macro (``None``)."""
+        if domain is None:
+            return self.macro(better)[0], self.macro(base)[0]
+        return self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
+
     def gain(self, better: str, base: str, domain: str | None = None) -> float:
         """Relative gain of ``better`` over ``base`` in %, per domain or macro (``None``)."""
-        if domain is None:
-            a, b = self.macro(better)[0], self.macro(base)[0]
-        else:
-            a, b = self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
+        a, b = self._lengths(better, base, domain)
         return 100.0 * (a / b - 1.0)
 
     def gain_stderr(self, better: str, base: str, domain: str | None = None) -> float:
@@ -417,11 +420,7 @@ class AcceptanceReport:
             va += ca.accept_length_stderr**2 / k**2
             vb += cb.accept_length_stderr**2 / k**2
             cov += paired_covariance(ca.accepted, cb.accepted) / k**2
-        if domain is None:
-            a, b = self.macro(better)[0], self.macro(base)[0]
-        else:
-            a, b = self.cells[better][domain].accept_length, self.cells[base][domain].accept_length
-        return ratio_gain_stderr(a, b, va, vb, cov)
+        return ratio_gain_stderr(*self._lengths(better, base, domain), va, vb, cov)
 
     def gains(self) -> dict[str, dict[str, dict[str, float]]]:
         """``gains[a][b][domain or 'macro']`` for every ordered pair of distinct drafters."""

@@ -50,10 +50,11 @@ def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
     it, to one of the server's own children (a gloo listener of a TP rank), and
     the server then fails to start with "address already in use".
     """
-    low, high = PORT_RANGE[0], min(PORT_RANGE[1], _ephemeral_low() - 1)
+    ephemeral_low = _ephemeral_low()
+    low, high = PORT_RANGE[0], min(PORT_RANGE[1], ephemeral_low - 1)
     if high - low + 1 < attempts:
         raise RuntimeError(
-            f"the kernel's ephemeral port range starts at {_ephemeral_low()} "
+            f"the kernel's ephemeral port range starts at {ephemeral_low} "
             f"({EPHEMERAL_RANGE_FILE}); free_port needs {low}-{PORT_RANGE[1]} below it: "
             "raise net.ipv4.ip_local_port_range's lower bound"
         )
