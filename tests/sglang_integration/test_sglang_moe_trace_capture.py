@@ -8,6 +8,13 @@ needs raw confidences) and checks what the planner reads back: one row per reque
 decode round, counts within the block, and, since the engine decodes greedily and
 verifies whole blocks, the accepted drafts plus one bonus token per round add up to the
 tokens the engine generated after its first (prefill) token.
+
+Requests run one at a time. The recorder writes a shard every 256 decode steps whatever
+the batch size, and a step at batch 1 costs far less than one at batch 4, so batch 1
+reaches a shard in the least time. Each row is then one verify round of one request, in
+order, which pins more than a batch can: the rows on disk are exactly the whole flushes
+of SGLang's verify rounds (``spec_verify_ct``), and the rows of each request that was
+flushed whole add up to SGLang's own count of its correct drafts.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
-# SGLang flushes a shard every 256 recorded decode steps: three batches of 4 requests at
-# 160 tokens give > 256 steps at the acceptance of the embedded drafter.
-NEW_TOKENS = 160
-BATCHES = 3
+#: SGLang's STS recorder writes a shard every this many decode steps.
+FLUSH_EVERY = 256
+#: Each of the session's 8 prompts alone: at the embedded drafter's acceptance on them
+#: (about 1.3 tokens per round) 8 x 52 tokens take about 300 decode steps, one shard.
+NEW_TOKENS = 52
 
 
 def test_sts_recorder_shards_are_planner_traces(
@@ -47,19 +55,32 @@ def test_sts_recorder_shards_are_planner_traces(
         },
         env={**scheduler_env(cfg), "SGLANG_DSPARK_STS_COLLECT_PATH": str(stem)},
     )
-    prompts = prompt_ids[:4]
-    generated = 0
+    outs = []
     with cpu_engine(spec) as engine:
-        for _ in range(BATCHES):
-            outs = generate_outputs(engine, prompts, NEW_TOKENS)
-            generated += sum(len(o["output_ids"]) - 1 for o in outs)  # after the prefill token
+        for prompt in prompt_ids:
+            outs += generate_outputs(engine, [prompt], NEW_TOKENS)
+    generated = sum(len(o["output_ids"]) - 1 for o in outs)  # after the prefill token
+    steps = sum(int(o["meta_info"]["spec_verify_ct"]) for o in outs)
+    assert steps >= FLUSH_EVERY, f"{steps} decode steps: too few for one shard"
     shards = sorted(stem.parent.glob("shard.*.pt"))
     assert shards, f"no shard written under {stem.parent}"
     traces = load_traces_many(shards)
     assert traces.block_size == block and traces.domains == (LIVE_DOMAIN,)
     rows = int(traces.accepted.shape[0])
-    assert rows >= 256  # at least one flush of 256 steps, each with >= 1 request
+    # One request per step: every whole flush of 256 steps is on disk, the rest is not.
+    assert rows == FLUSH_EVERY * (steps // FLUSH_EVERY)
     assert int(traces.accepted.min()) >= 0 and int(traces.accepted.max()) <= block
+    # The rows are the requests' rounds in order: each request flushed whole has its
+    # correct drafts, as SGLang counted them, in its own rows.
+    start, whole = 0, 0
+    for o in outs:
+        meta = o["meta_info"]
+        end = start + int(meta["spec_verify_ct"])
+        if end > rows:
+            break
+        assert int(traces.accepted[start:end].sum()) == int(meta["spec_num_correct_drafts"])
+        start, whole = end, whole + 1
+    assert whole >= 2, f"only {whole} request(s) flushed whole"
     # Only whole flushes are on disk, so the recorded rounds produced at most the tokens
     # generated: accepted drafts + one bonus per round.
     produced = int(traces.accepted.sum()) + rows
