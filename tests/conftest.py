@@ -23,6 +23,11 @@ import pytest
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 # Ray must never phone home from a test run: tests must not touch the network.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Tests stop SGLang servers by signalling all their processes at once, so the launcher
+# sees its scheduler exit first and takes its crash path, which sleeps 5 s before a
+# py-spy dump and a CUDA core dump. Neither exists here; servers inherit this environment.
+os.environ.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
 
 
 @pytest.fixture(scope="session")
