@@ -157,7 +157,7 @@ def test_a_gpu_worker_times_nothing_and_says_how_to_set_it(
 def test_the_worker_wraps_propose_only_when_it_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dspark_sglang.sglang_integration.dspark_moe import DSparkMoeWorker
+    from dspark_sglang.sglang_integration.dspark_moe_worker import DSparkMoeWorker
 
     for cfg, wrapped in (({"policy": "prefix"}, True), ({"policy": "mtp1"}, False)):
         decider = scheduler_bridge.load_decider(7, env=_env(tmp_path, **cfg))

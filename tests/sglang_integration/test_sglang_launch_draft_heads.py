@@ -66,7 +66,7 @@ def test_worker_refuses_before_loading_the_draft() -> None:
     from sglang.srt.runtime_context import SpawnRanks, create_context, use_context
     from sglang.srt.server_args import ServerArgs
 
-    from dspark_sglang.sglang_integration.dspark_moe import _check_draft_heads
+    from dspark_sglang.sglang_integration.dspark_moe_worker import _check_draft_heads
 
     def target(device: str) -> SimpleNamespace:
         hf = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3)

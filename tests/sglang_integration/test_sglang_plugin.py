@@ -83,3 +83,25 @@ def test_dspark_moe_is_registered_and_answers_like_dspark() -> None:
     assert algo.get_platform_worker_cls() is None
     worker = algo.create_worker(SimpleNamespace(disable_overlap_schedule=False))
     assert issubclass(worker, DSparkWorkerV2)
+
+
+def test_registering_dspark_moe_imports_no_worker_code() -> None:
+    """``dspark_moe`` (run by the plugin in every SGLang process) imports the worker
+    module, and with it SGLang's ``DSparkWorkerV2``, only inside its worker factory."""
+    import ast
+    import inspect
+
+    from dspark_sglang.sglang_integration import dspark_moe
+
+    heavy = ("dspark_moe_worker", "dspark_worker_v2")
+    tree = ast.parse(inspect.getsource(dspark_moe))
+    top_level = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert top_level and not [m for m in top_level if m and m.endswith(heavy)]
+    # Under ``if TYPE_CHECKING:`` only (never executed); the factory's import is deferred.
+    factory = inspect.getsource(dspark_moe._worker_factory)
+    assert "from dspark_sglang.sglang_integration.dspark_moe_worker import" in factory

@@ -208,7 +208,7 @@ def test_every_wrapped_name_exists_in_sglang_and_our_worker() -> None:
     from sglang.srt.speculative.dspark_components.dspark_planner import DSparkVerifyPlanner
     from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyExecutor
 
-    from dspark_sglang.sglang_integration.dspark_moe import DSparkMoeWorker
+    from dspark_sglang.sglang_integration.dspark_moe_worker import DSparkMoeWorker
     from dspark_sglang.sglang_integration.moe_draft_model import DSparkMoEDraftModel
 
     for target in (*rp._HOOKED_FUNCTIONS, rp.TARGET_FORWARD):

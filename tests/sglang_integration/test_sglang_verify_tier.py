@@ -23,7 +23,7 @@ import torch
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.scheduling.policies import policy_from_config, survival
 from dspark_sglang.sglang_integration import scheduler_bridge
-from dspark_sglang.sglang_integration.dspark_moe import DSparkMoeWorker
+from dspark_sglang.sglang_integration.dspark_moe_worker import DSparkMoeWorker
 
 BLOCK = 4
 WIDTH = BLOCK + 1  # --speculative-num-draft-tokens

@@ -1,0 +1,233 @@
+"""The DSPARK_MOE worker: SGLang's ``DSparkWorkerV2`` with our scheduler and metrics.
+
+Built by ``dspark_moe``'s worker factory, so only a process that runs DSPARK_MOE
+imports it (and with it SGLang's ``DSparkWorkerV2``); see ``dspark_moe`` for the
+algorithm object registered in every SGLang process and for what DSPARK_MOE adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+#: A verify policy: calibrated confidences ``[N, B]`` -> drafts to verify ``[N]``.
+VerifyPolicy = Callable[[torch.Tensor], torch.Tensor]
+
+
+class DSparkMoeWorker(DSparkWorkerV2):
+    """SGLang's DSpark worker with our scheduler and metrics.
+
+    * Verify lengths: when ``DSPARK_SCHEDULER_CONFIG`` names a config, our
+      policy decides them (``scheduler_bridge``: the config is validated here,
+      at start-up, and the planner is tagged so the planner hook uses it);
+      otherwise SGLang's planner decides, as in DSPARK. In compact ragged verify
+      the planner always asks our hook (``verify_tier``: no verify-all shortcut)
+      and our lengths are trimmed to the step's CUDA-graph token tier.
+    * Cost table: a config without ``cost_table_path`` whose policy needs one gets
+      a small SPS staircase measured here, before serving (``startup_profile``).
+    * STS: a config's ``sts_path`` (SGLang's STS format, validated by our
+      loader) sets the confidence head's per-position temperatures, the same
+      place SGLang's ``--speculative-dspark-confidence-sts-path`` writes.
+    * Metrics: every decode step adds into ``metrics.StepMetrics`` on the device;
+      SGLang's own result copy brings a snapshot to the host (``MetricsFlush``).
+    * Start-up: a draft whose attention heads the TP ranks cannot share is
+      refused before SGLang builds it (``launch.check_draft_heads``; CPU pads).
+    * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
+      so a drafter error turns that step, and non-finite output the affected
+      rows (on the device), into plain decoding instead of failing the batch.
+    * Draft cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
+      the first decode rounds' draft passes are timed and their median is added to
+      the cost table (``scheduler_bridge.DraftStepTimer``); never on a GPU.
+    * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
+      a decode round (``round_profile``); unset, nothing is wrapped.
+    """
+
+    verify_policy: VerifyPolicy | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from dspark_sglang.sglang_integration import moe_draft_model
+
+        # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
+        moe_draft_model.register_model_class()
+        _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
+        super().__init__(*args, **kwargs)
+        from dspark_sglang.sglang_integration import fallback, metrics, round_profile
+
+        moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
+        from sglang.srt.runtime_context import get_parallel
+
+        # Every TP rank runs this worker on the same batch; one records, or Prometheus
+        # sums would show tp_size times the truth.
+        self._dspark_records = int(get_parallel().tp_rank) == 0
+        self._dspark_metrics: metrics.StepMetrics | None = None
+        if self._dspark_records:
+            metrics.ensure_created()
+            self._dspark_metrics = metrics.StepMetrics(int(self.gamma), self.device)
+        if getattr(self, "_proposer", None) is not None:
+            # An instance attribute on our worker's own proposer: SGLang's class is untouched.
+            self._proposer.propose = fallback.GuardedPropose(
+                self._proposer.propose,
+                self._proposer,
+                self._verify_planner,
+                int(self.gamma),
+                records=self._dspark_records,
+                step_metrics=self._dspark_metrics,
+            )
+        from dspark_sglang.sglang_integration import startup_profile
+
+        self._dspark_tp_rank = int(get_parallel().tp_rank)
+        # A start-up cost table needs the KV pools and attention backends, which
+        # SGLang builds after this constructor: then the policy is installed in
+        # init_cuda_graphs, the last start-up hook, before any request is served.
+        # STS temperatures are set here either way: before the draft's graphs are captured.
+        pending = startup_profile.requested()
+        self._dspark_profile_pending = pending is not None
+        if pending is None:
+            self._install_decider()
+        elif pending.sts_path:
+            from dspark_sglang.calibration.sts import load_sts
+            from dspark_sglang.sglang_integration.launch import check_sts_block_size
+
+            sts = load_sts(pending.sts_path)
+            check_sts_block_size(sts.block_size, int(self.gamma), f"sts_path={pending.sts_path}")
+            self._apply_sts(pending.sts_path)
+        # Profiling aid (DSPARK_PROFILE_ROUNDS); wraps nothing when it is unset. Last, so
+        # that it times the fault guard around ``propose`` too.
+        round_profile.instrument_worker(self)
+
+    def init_cuda_graphs(self) -> None:
+        """SGLang's graph capture, then our start-up cost table and policy (if pending)."""
+        super().init_cuda_graphs()
+        if self._dspark_profile_pending:
+            self._dspark_profile_pending = False
+            self._install_decider(apply_sts=False)
+
+    def _install_decider(self, *, apply_sts: bool = True) -> None:
+        """Tag the planner with our policy (``scheduler_bridge.load_decider``), if configured."""
+        from dspark_sglang.sglang_integration import scheduler_bridge, startup_profile
+
+        tp_rank = self._dspark_tp_rank
+        decider = scheduler_bridge.load_decider(
+            int(self.gamma),
+            tp_rank=tp_rank,
+            profile=lambda cfg: startup_profile.profile_target(
+                cfg, self.target_worker, tp_rank=tp_rank
+            ),
+            device=self.device,
+            step_metrics=self._dspark_metrics,
+        )
+        if decider is not None:
+            self._attach_decider(decider, apply_sts=apply_sts)
+
+    def _attach_decider(self, decider: Any, *, apply_sts: bool = True) -> None:
+        """Tag the planner so the hook lets ``decider`` choose the verify lengths."""
+        from dspark_sglang.sglang_integration import scheduler_bridge, verify_tier
+
+        setattr(self._verify_planner, scheduler_bridge.DECIDER_ATTR, decider)
+        # Compact mode without an SGLang SPS table would skip our hook (verify-all).
+        verify_tier.schedule_every_step(
+            self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
+        )
+        # Through the decider: its policy is rebuilt once the draft pass is measured.
+        self.verify_policy = lambda confidence: decider.policy.decide(confidence)
+        if decider.times_draft_step and getattr(self, "_proposer", None) is not None:
+            # CPU only: time the first draft passes, then add their median to the table.
+            self._proposer.propose = scheduler_bridge.DraftStepTimer(
+                self._proposer.propose, decider
+            )
+        if apply_sts and decider.config.sts_path:
+            self._apply_sts(decider.config.sts_path)
+
+    def _apply_sts(self, path: str) -> None:
+        """Set the confidence head's STS temperatures (``load_decider`` validated the file)."""
+        from dspark_sglang.calibration.sts import load_sts
+
+        head = getattr(self.draft_model, "confidence_head", None)
+        if head is None:
+            raise ValueError(f"sts_path={path} given but the draft has no confidence head")
+        head.sts_temperatures = torch.tensor(
+            load_sts(path).temperatures, dtype=torch.float32, device=self.device
+        )
+
+    def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        from dspark_sglang.sglang_integration import fallback
+
+        try:
+            result = super()._forward_decode(batch, *args, **kwargs)
+        finally:
+            # A fallback forces "anchor only" for exactly the step it happened in.
+            setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
+            setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
+        self._observe_round(result)
+        return result
+
+    def _observe_round(self, result: Any) -> None:
+        """Feed one decode round's outcome to our metrics and the decision log."""
+        from dspark_sglang.sglang_integration import sync_probe
+
+        accept = getattr(result, "accept_lens", None)
+        step_metrics = self._dspark_metrics
+        if step_metrics is not None and accept is not None and accept.numel() > 0:
+            with sync_probe.sync_free("DSparkMoeWorker.step_metrics"):
+                cap = result.cap_lens
+                verify = (
+                    cap
+                    if cap is not None
+                    else torch.full_like(accept, int(self.verify_num_draft_tokens))
+                )
+                step_metrics.observe_round(accept, verify)
+                self._attach_metrics_flush(result, step_metrics)
+            decider = getattr(self._verify_planner, "dspark_moe_decider", None)
+            if decider is not None:
+                decider.log_used(result.cap_lens)  # syncs only with DSPARK_DECISION_LOG set
+
+    @staticmethod
+    def _attach_metrics_flush(result: Any, step_metrics: Any) -> None:
+        """Hand this step's cumulative snapshot to SGLang as an auxiliary output.
+
+        SGLang copies it to the host with the step's accept lengths (the same
+        asynchronous copy) and the scheduler's result processing calls its
+        ``consume``, which publishes the Prometheus values (``metrics.MetricsFlush``).
+        A step whose result has no logits output carries none; the next one's
+        cumulative snapshot covers it.
+        """
+        from sglang.srt.managers.auxiliary_output import append_auxiliary_output
+
+        from dspark_sglang.sglang_integration.metrics import MetricsFlush
+
+        logits_output = getattr(result, "logits_output", None)
+        if logits_output is None:
+            return
+        logits_output.auxiliary_device_output = append_auxiliary_output(
+            logits_output.auxiliary_device_output,
+            MetricsFlush(step_metrics, step_metrics.snapshot()),
+        )
+
+
+def _check_draft_heads(target_worker: Any) -> None:
+    """``launch.check_draft_heads`` on the draft config SGLang is about to load.
+
+    Runs before the draft is built (a head count the TP ranks cannot share fails
+    inside SGLang's layers otherwise); the draft runs at the attention-TP width.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    from dspark_sglang.sglang_integration.launch import check_draft_heads
+
+    runner = getattr(target_worker, "model_runner", None)
+    aux = getattr(runner, "spec_aux_config", None)
+    draft = getattr(aux, "draft_model_config", None)
+    if draft is None:
+        return
+    heads = int(draft.hf_config.num_attention_heads)
+    kv_heads = int(getattr(draft.hf_config, "num_key_value_heads", None) or heads)
+    check_draft_heads(
+        heads,
+        kv_heads,
+        int(get_parallel().attn_tp_size),
+        str(target_worker.device).split(":")[0],
+        f"draft config {draft.model_path}",
+    )
