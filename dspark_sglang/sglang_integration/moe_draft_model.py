@@ -77,6 +77,7 @@ from dspark_sglang.model.vocab import (
     check_greedy_draft_vocab_ids,
     scatter_to_vocab,
 )
+from dspark_sglang.sglang_integration import cpu_linear
 from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
 
 logger = logging.getLogger(__name__)
@@ -400,7 +401,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             full, features = super().compute_base_logits(hidden)
             return full.masked_fill(~self.draft_vocab_mask, OFF_MAP_LOGIT), features
         assert isinstance(weight, torch.Tensor)
-        reduced = F.linear(hidden.to(weight.dtype), self._lm_head_rows.get(weight, ids))
+        reduced = cpu_linear.linear(hidden.to(weight.dtype), self._lm_head_rows.get(weight, ids))
         vocab = self.dspark_config.vocab_size
         return scatter_to_vocab(reduced, ids, vocab, OFF_MAP_LOGIT), hidden
 

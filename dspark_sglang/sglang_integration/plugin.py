@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from dspark_sglang.sglang_integration import cpu_bridges
+from dspark_sglang.sglang_integration import cpu_bridges, cpu_linear
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +18,7 @@ def install() -> None:
         return
     _installed = True
     cpu_bridges.install()
+    cpu_linear.install()
     from dspark_sglang.sglang_integration import (
         draft_checkpoint,
         dspark_moe,
