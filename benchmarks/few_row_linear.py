@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dspark_sglang.bench import alternate as timing
 from dspark_sglang.results import default_out, dump_json, software_versions
 from dspark_sglang.sglang_integration import cpu_linear
 from dspark_sglang.sglang_integration.cpu_dtype import bf16_flags, read_cpuinfo
@@ -55,20 +54,8 @@ def smollm2_shapes() -> dict[str, list[tuple[int, int]]]:
 
 
 def alternate(fns: dict[str, Callable[[], Any]], repeats: int, iters: int) -> dict[str, Any]:
-    """Milliseconds per call of each function, A B A B ..., after one untimed call each."""
-    for fn in fns.values():
-        fn()
-    rounds: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            rounds[name].append((time.perf_counter() - t0) / iters * 1e3)
-    out: dict[str, Any] = {
-        name: {"ms": r, "median": statistics.median(r), "min": min(r), "max": max(r)}
-        for name, r in rounds.items()
-    }
+    """Milliseconds per call of each path, alternated (``bench.alternate``), and their ratio."""
+    out: dict[str, Any] = dict(timing.alternate(fns, repeats, iters, scale=1e3, key="ms"))
     out["sglang_over_few_row"] = out["sglang"]["median"] / out["few_row"]["median"]
     return out
 

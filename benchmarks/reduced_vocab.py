@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dspark_sglang.bench import alternate as timing
 from dspark_sglang.model import DSparkConfig, DSparkDrafter, sample_block
 from dspark_sglang.model.vocab import DraftVocab
 from dspark_sglang.results import default_out, dump_json, software_versions
@@ -95,22 +94,9 @@ def synthetic_batch(drafter: DSparkDrafter, seqs: int, seq_len: int, anchors: in
 
 
 def alternate(fns: dict[str, Callable[[], None]], repeats: int, iters: int) -> dict[str, Any]:
-    """Seconds per call of each function, A B A B ..., after one untimed call each."""
-    for fn in fns.values():
-        fn()
-    rounds: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            rounds[name].append((time.perf_counter() - t0) / iters)
-    out: dict[str, Any] = {
-        name: {"seconds": r, "median": statistics.median(r), "min": min(r), "max": max(r)}
-        for name, r in rounds.items()
-    }
-    full, reduced = (statistics.median(r) for r in rounds.values())
-    out["speedup_full_over_reduced"] = full / reduced
+    """Seconds per call of each function, alternated (``bench.alternate``), and full / reduced."""
+    out: dict[str, Any] = dict(timing.alternate(fns, repeats, iters))
+    out["speedup_full_over_reduced"] = out["full"]["median"] / out["reduced"]["median"]
     return out
 
 
