@@ -163,6 +163,18 @@ def linear_apply(
     return original(method, layer, x, bias)
 
 
+def _plain_head(lm_head: Any) -> bool:
+    """An LM head whose logits SGLang computes as ``h @ W.T``: a weight tensor, no
+    quantisation method other than the unquantised one, no AMX packing, no LoRA wrapper."""
+    quant = type(getattr(lm_head, "quant_method", None)).__name__
+    return (
+        isinstance(getattr(lm_head, "weight", None), torch.Tensor)
+        and quant in ("NoneType", "UnquantizedEmbeddingMethod")
+        and not getattr(lm_head, "use_intel_amx_backend", False)
+        and not hasattr(lm_head, "set_lora")
+    )
+
+
 def compute_lm_head(
     original: Callable[..., Any],
     processor: Any,
@@ -173,22 +185,17 @@ def compute_lm_head(
 ) -> Any:
     """AROUND hook on ``LogitsProcessor._compute_lm_head`` (plain float32 heads only).
 
-    Only the branch SGLang would serve with ``torch.matmul(h, W.T)`` is taken over: no
-    LoRA wrapper, no quantisation method other than the unquantised one, no AMX
-    packing, no float32-upcast option; its ``embedding_bias`` is not used there either.
+    Only the branch SGLang would serve with ``torch.matmul(h, W.T)`` is taken over
+    (:func:`_plain_head`, and no float32-upcast or RL on-policy option on the
+    processor); its ``embedding_bias`` is not used there either.
     """
-    weight = getattr(lm_head, "weight", None)
-    quant = type(getattr(lm_head, "quant_method", None)).__name__
-    plain_head = (
-        isinstance(weight, torch.Tensor)
-        and not hasattr(lm_head, "set_lora")
-        and quant in ("NoneType", "UnquantizedEmbeddingMethod")
-        and not getattr(lm_head, "use_intel_amx_backend", False)
+    if (
+        _plain_head(lm_head)
         and not getattr(processor, "use_fp32_lm_head", False)
         and getattr(processor, "rl_on_policy_target", None) is None
-    )
-    if plain_head and applies(hidden_states, weight):
-        return few_row_linear(hidden_states, weight)
+        and applies(hidden_states, lm_head.weight)
+    ):
+        return few_row_linear(hidden_states, lm_head.weight)
     return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)
 
 
@@ -196,20 +203,13 @@ def project_through_lm_head(
     original: Callable[..., Any], hidden: torch.Tensor, lm_head: Any
 ) -> Any:
     """AROUND hook on SGLang's DSpark draft head projection (plain float32 heads only)."""
-    weight = getattr(lm_head, "weight", None)
-    quant = type(getattr(lm_head, "quant_method", None)).__name__
-    if (
-        isinstance(weight, torch.Tensor)
-        and quant in ("NoneType", "UnquantizedEmbeddingMethod")
-        and not getattr(lm_head, "use_intel_amx_backend", False)
-        and applies(hidden, weight)
-    ):
-        return few_row_linear(hidden, weight)
+    if _plain_head(lm_head) and applies(hidden, lm_head.weight):
+        return few_row_linear(hidden, lm_head.weight)
     return original(hidden, lm_head)
 
 
 def install() -> bool:
-    """Register both hooks when they can apply (CPU engine, oneDNN, no AMX, not disabled)."""
+    """Register the three hooks when they can apply (CPU engine, oneDNN, no AMX, not disabled)."""
     from dspark_sglang.sglang_integration.cpu_bridges import running_on_cpu
 
     if not running_on_cpu() or not enabled():
