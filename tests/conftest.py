@@ -29,6 +29,34 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
 os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
 
+#: SGLang model files (``sglang/srt/models/<name>.py``) the suite's engines load: Llama
+#: (SmolLM2, the tiny chat and llama3 targets), the tiny Qwen3 target and SGLang's dense
+#: DSPARK draft. Our MoE draft class is added to the registry by our worker.
+SGLANG_MODEL_FILES = ("llama", "qwen3", "dspark")
+
+
+def _sglang_model_files() -> list[str]:
+    """Names of SGLang's model modules, read from the folder (nothing is imported)."""
+    import importlib.util
+    import pkgutil
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(next(iter(spec.submodule_search_locations))) / "srt" / "models"
+    return [m.name for m in pkgutil.iter_modules([str(folder)]) if not m.ispkg]
+
+
+# SGLang's model registry imports every model module (about 270 architectures, 1 s of
+# CPU) in each scheduler it starts; SGLANG_DISABLED_MODEL_ARCHS (SGLang's own switch)
+# skips the ones no test engine loads. An engine whose architecture is skipped fails to
+# start ("not supported"; the transformers fallback is skipped too), so none runs on
+# anything but SGLang's own model class. Servers inherit this environment.
+os.environ.setdefault(
+    "SGLANG_DISABLED_MODEL_ARCHS",
+    ",".join(sorted(set(_sglang_model_files()) - set(SGLANG_MODEL_FILES))),
+)
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
