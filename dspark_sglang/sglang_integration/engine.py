@@ -31,10 +31,14 @@ CPU_ENGINE_DEFAULTS: Mapping[str, Any] = {
     "dtype": "float32",
     "grammar_backend": "none",
     "skip_server_warmup": True,
-    # On CPU this is a fraction of machine RAM for weights + KV pool: small, but
-    # SGLang refuses to start when loading the weights alone used more than it of
-    # the RAM that was free (0.05 failed with 4.5 GB of 23 GB taken by other jobs).
-    "mem_fraction_static": 0.08,
+    # On CPU this is a fraction of machine RAM for weights + KV pool. SGLang refuses
+    # to start when free RAM fell by more than it while the weights loaded, and
+    # another process allocating at that moment counts too (0.08 failed beside a
+    # second engine starting). So a wide margin, and the KV pool capped instead:
+    "mem_fraction_static": 0.25,
+    # 32k tokens of KV (SmolLM2-135M in float32: 1.5 GB), enough for ~190 requests
+    # of 160 tokens in flight; SGLang takes the smaller of this and what fits.
+    "max_total_tokens": 32768,
     "log_level": "warning",
 }
 

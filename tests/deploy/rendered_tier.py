@@ -100,6 +100,7 @@ _CPU_KEYS = (
     "grammar_backend",
     "skip_server_warmup",
     "mem_fraction_static",
+    "max_total_tokens",
 )
 CPU_FLAGS: tuple[str, ...] = tuple(
     tok
