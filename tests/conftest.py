@@ -28,6 +28,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # py-spy dump and a CUDA core dump. Neither exists here; servers inherit this environment.
 os.environ.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
 os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
+# Under pytest-xdist (``make test`` runs two workers) a worker's torch work gets its share
+# of the cores, set before torch reads it; tests that pick their own count use the same
+# rule (``cpu_threads``).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    from cpu_threads import torch_threads
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads()))
 
 #: SGLang model files (``sglang/srt/models/<name>.py``) the suite's engines load: Llama
 #: (SmolLM2, the tiny chat and llama3 targets), the tiny Qwen3 target and SGLang's dense

@@ -7,8 +7,9 @@ import math
 import pytest
 import sgl_kernel  # registers torch.ops.sgl_kernel.*
 import torch
+from cpu_threads import torch_threads
 
-torch.set_num_threads(2)
+torch.set_num_threads(torch_threads())
 
 H, HKV, D = 6, 2, 8  # GQA group of 3
 POOL, MAXCTX = 200, 64

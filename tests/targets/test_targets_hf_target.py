@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpu_threads import torch_threads
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dspark_sglang.model import default_target_layer_ids
@@ -127,7 +128,7 @@ def test_spec_and_shared_modules(tiny: HFTarget) -> None:
 def smollm2() -> HFTarget:
     from dspark_sglang.targets.smollm2 import ensure_smollm2
 
-    return HFTarget(ensure_smollm2(), num_threads=2)
+    return HFTarget(ensure_smollm2(), num_threads=torch_threads())
 
 
 @pytest.mark.slow

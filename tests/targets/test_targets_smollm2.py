@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_threads import torch_threads
 
 from dspark_sglang.targets import smollm2 as s
 
-torch.set_num_threads(2)
+torch.set_num_threads(torch_threads())
 
 
 def test_missing_gguf_names_the_fetch_script(tmp_path: Path) -> None:
