@@ -8,7 +8,8 @@ engines at once would fight over 2 cores and skew both timings): first plain
 decoding, then DSPARK_MOE with the embedded drafter, on the same greedy chat
 prompts, and prints per engine tokens/s (wall time of ``generate`` only, after
 a short warm-up on a different prompt so neither run pays first-call costs or
-hits the other's radix cache; ``--passes`` timed passes per engine, of which the
+hits the other's radix cache; ``--passes`` timed passes per engine, each from an
+empty radix cache so that every pass computes the same thing, of which the
 median counts, because one pass on a shared machine can be off by a third), the
 speed ratio of the medians, SGLang's accepted length per
 verify round, and whether the outputs are token-identical. Greedy verification
@@ -83,6 +84,7 @@ __all__ = [
     "EngineRun",
     "check_sglang_flags",
     "cost_table_dtype",
+    "flush_radix_cache",
     "plan_demo",
     "resolve_drafter",
     "run_engine",
@@ -484,6 +486,17 @@ def target_top_two(
     return tuple(top)
 
 
+def flush_radix_cache(engine: Any) -> None:
+    """Empty ``engine``'s radix cache (SGLang's ``Engine.flush_cache``); raise if it refused.
+
+    SGLang refuses while requests are running, which between two finished
+    ``generate`` calls is a bug worth stopping for.
+    """
+    result = engine.flush_cache()
+    if not getattr(result, "success", False):
+        raise RuntimeError(f"SGLang refused to flush the radix cache between passes: {result!r}")
+
+
 def run_engine(
     label: str,
     spec: Any,
@@ -518,6 +531,11 @@ def run_engine(
         differing = 0
         outputs: list[dict[str, Any]] = []
         for k in range(passes):
+            # Every pass starts from an empty radix cache: a later pass that found its
+            # prompts cached would prefill only their last token, a different kernel
+            # path whose rounding (bfloat16 above all) can flip a near-tie, so the
+            # passes would not compute the same thing.
+            flush_radix_cache(engine)
             with console.status(
                 f"{label}: generating {len(prompts)} prompts in one batch "
                 f"(timed pass {k + 1} of {passes})"
