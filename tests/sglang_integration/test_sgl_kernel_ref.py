@@ -15,6 +15,14 @@ H, HKV, D = 6, 2, 8  # GQA group of 3
 POOL, MAXCTX = 200, 64
 
 
+@pytest.fixture(params=["per_request", "padded"])
+def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run an attention test through each of the kernels' two code paths."""
+    if request.param == "padded":
+        monkeypatch.setattr(sgl_kernel.attention, "PER_REQUEST_MAX_BATCH", 0)
+    return str(request.param)
+
+
 def _naive_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,7 +53,7 @@ def _pool(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("cap", [0.0, 5.0])
-def test_decode_attention_matches_loop_and_writes_kv(cap: float) -> None:
+def test_decode_attention_matches_loop_and_writes_kv(cap: float, attention_path: str) -> None:
     kb, vb, r2t = _pool(0)
     rpi = torch.tensor([2, 0, 3])
     seq = torch.tensor([5, 17, 1])
@@ -91,7 +99,7 @@ def test_decode_attention_matches_loop_and_writes_kv(cap: float) -> None:
         torch.testing.assert_close(out[b], ref[0], rtol=1e-5, atol=1e-5)
 
 
-def test_decode_attention_sliding_window() -> None:
+def test_decode_attention_sliding_window(attention_path: str) -> None:
     kb, vb, r2t = _pool(2)
     rpi, seq = torch.tensor([1]), torch.tensor([20])
     q = torch.randn(1, H, D, generator=torch.Generator().manual_seed(3))
@@ -124,7 +132,7 @@ def test_decode_attention_sliding_window() -> None:
 
 
 @pytest.mark.parametrize("use_tree", [False, True])
-def test_extend_attention_matches_loop(use_tree: bool) -> None:
+def test_extend_attention_matches_loop(use_tree: bool, attention_path: str) -> None:
     kb, vb, r2t = _pool(4)
     rpi = torch.tensor([3, 1, 0])
     ext = torch.tensor([4, 1, 6])
@@ -171,6 +179,59 @@ def test_extend_attention_matches_loop(use_tree: bool) -> None:
         v = torch.cat([vb[rows], ve[s : s + e]])
         inner = masks[b] if use_tree else torch.ones(e, e).tril().bool()
         allowed = torch.cat([torch.ones(e, p, dtype=torch.bool), inner], 1)
+        ref = _naive_attention(q[s : s + e], k, v, allowed, 0.25)
+        torch.testing.assert_close(out[s : s + e], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("from_pool", [False, True])
+def test_extend_attention_sliding_window_matches_loop(from_pool: bool, attention_path: str) -> None:
+    """Causal extend with a 5-key window; with ``from_pool`` the extend keys are read
+    from the pool (``k_extend``/``v_extend`` None, as for KV-shared layers)."""
+    kb, vb, r2t = _pool(6)
+    rpi = torch.tensor([0, 2])
+    ext = torch.tensor([3, 6])
+    prefix = torch.tensor([9, 2])
+    seq, start = prefix + ext, torch.cumsum(ext, 0) - ext
+    g = torch.Generator().manual_seed(7)
+    T, window = int(ext.sum()), 5
+    q = torch.randn(T, H, D, generator=g)
+    ke, ve = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    if from_pool:  # the extend keys already sit in the pool at the request's rows
+        for b in range(2):
+            rows = r2t[rpi[b], prefix[b] : seq[b]].long()
+            kb[rows], vb[rows] = ke[start[b] : start[b] + ext[b]], ve[start[b] : start[b] + ext[b]]
+    out = torch.full((T, H, D), float("nan"))
+    torch.ops.sgl_kernel.extend_attention_cpu(
+        q,
+        None if from_pool else ke,
+        None if from_pool else ve,
+        out,
+        kb,
+        vb,
+        1.0,
+        1.0,
+        r2t,
+        rpi,
+        seq,
+        ext.int(),
+        start.int(),
+        int(ext.max()),
+        0.25,
+        0.0,
+        False,
+        window,
+        None,
+        None,
+        None,
+        True,
+    )
+    for b in range(2):
+        p, e, s = int(prefix[b]), int(ext[b]), int(start[b])
+        rows = r2t[rpi[b], :p].long()
+        k = torch.cat([kb[rows], ke[s : s + e]])
+        v = torch.cat([vb[rows], ve[s : s + e]])
+        q_pos, k_pos = torch.arange(p, p + e)[:, None], torch.arange(p + e)[None, :]
+        allowed = (k_pos <= q_pos) & (q_pos - k_pos < window)
         ref = _naive_attention(q[s : s + e], k, v, allowed, 0.25)
         torch.testing.assert_close(out[s : s + e], ref, rtol=1e-5, atol=1e-5)
 

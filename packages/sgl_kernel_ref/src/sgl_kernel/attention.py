@@ -12,11 +12,53 @@ the keys its mask allows (prefix always; the extend part causally or through
 the tree mask; the sliding window and the padding removed), with softmax over
 ``sm_scale * q.k`` (soft-capped by ``logit_cap`` when > 0, with an optional
 per-head sink logit in the denominator); rows with no visible key output 0.
+
+Two ways to compute it, chosen per call. A batch of up to
+``PER_REQUEST_MAX_BATCH`` requests without soft-cap or sinks runs request by
+request: gather that request's keys, build its ``[Q, L]`` mask (none at all
+for decode, where a window only shortens the gather) and run two
+batched matmuls in float32, a handful of ops per request.
+Everything else takes the padded path: one masked softmax over the whole
+batch, a fixed number of ops whatever the batch size. Every op costs a few
+microseconds of dispatch on a CPU and a decode or verify step calls these
+kernels once per layer, so at the batch sizes of interactive decoding the op
+count, not the arithmetic, is the kernels' cost. Both paths compute in float32
+and agree to float32 rounding.
 """
 
 from __future__ import annotations
 
 import torch
+
+#: Largest batch computed request by request (see the module docstring).
+PER_REQUEST_MAX_BATCH = 8
+
+
+def _per_request(bsz: int, logit_cap: float, sinks: torch.Tensor | None) -> bool:
+    return bsz <= PER_REQUEST_MAX_BATCH and logit_cap <= 0 and sinks is None
+
+
+def _attend_one(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, sm_scale: float
+) -> torch.Tensor:
+    """One request's attention in float32: q ``[Q, H, D]``, k/v ``[L, Hkv, D]``, visible ``[Q, L]``.
+
+    Two batched matmuls over the KV heads, each query head group stacked as rows
+    (head ``h`` reads KV head ``h // group``). Returns ``[Q, H, Dv]``; a query row
+    with no visible key gives 0.
+    """
+    nq, heads, dim = q.shape
+    kv_heads, length = k.shape[1], k.shape[0]
+    group = heads // kv_heads
+    qh = q.float().view(nq, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, -1, dim)
+    scores = torch.bmm(qh, k.float().permute(1, 2, 0)).mul_(sm_scale)
+    if visible is not None:
+        scores.view(kv_heads, group, nq, length).masked_fill_(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if visible is not None:
+        probs.nan_to_num_(0.0)
+    out = torch.bmm(probs, v.float().transpose(0, 1))
+    return out.view(kv_heads, group, nq, -1).permute(2, 0, 1, 3).reshape(nq, heads, -1)
 
 
 def _gqa_attention(
@@ -99,14 +141,23 @@ def decode_attention(
     bsz = query.shape[0]
     if bsz == 0:
         return
+    if _per_request(bsz, logit_cap, sinks):
+        pool_index = req_pool_indices.tolist()
+        for b, n in enumerate(seq_lens.tolist()):
+            first = max(0, n - sliding_window_size) if sliding_window_size > 0 else 0
+            rows = req_to_token[pool_index[b], first:n].long()
+            k = _scaled(k_cache.index_select(0, rows), k_scale)
+            v = _scaled(v_cache.index_select(0, rows), v_scale)
+            output[b] = _attend_one(query[b : b + 1], k, v, None, sm_scale)[0].to(output.dtype)
+        return
     lens = seq_lens.long()
     max_len = int(lens.max())
     pos = torch.arange(max_len, device=query.device)
     rows = req_to_token[req_pool_indices.long(), :max_len].long()
     valid = pos[None, :] < lens[:, None]
     rows = torch.where(valid, rows, torch.zeros_like(rows))
-    k = k_cache[rows].float() * k_scale
-    v = v_cache[rows].float() * v_scale
+    k = _gather(k_cache, rows, k_scale)
+    v = _gather(v_cache, rows, v_scale)
     q_pos = (lens - 1)[:, None]
     visible = valid & _window_ok(q_pos, pos[None, :], sliding_window_size)
     out = _gqa_attention(query[:, None], k, v, visible[:, None, :], sm_scale, logit_cap, sinks)
@@ -154,6 +205,27 @@ def extend_attention(
     bsz = seq_lens.shape[0]
     if bsz == 0 or q_extend.shape[0] == 0:
         return
+    if _per_request(bsz, logit_cap, sinks):
+        _extend_per_request(
+            q_extend,
+            k_extend,
+            v_extend,
+            o_extend,
+            k_buffer,
+            v_buffer,
+            k_scale,
+            v_scale,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            extend_seq_lens,
+            extend_start_loc,
+            sm_scale,
+            sliding_window_size,
+            tree_mask,
+            is_causal,
+        )
+        return
     device = q_extend.device
     lens = seq_lens.long()
     ext = extend_seq_lens.long().to(device)
@@ -169,8 +241,8 @@ def extend_attention(
     pool_rows = req_to_token[req_pool_indices.long(), :max_len].long()
     use_pool = in_prefix if k_extend is not None else valid
     pool_rows = torch.where(use_pool, pool_rows, torch.zeros_like(pool_rows))
-    k = k_buffer[pool_rows].float() * k_scale
-    v = v_buffer[pool_rows].float() * v_scale
+    k = _gather(k_buffer, pool_rows, k_scale)
+    v = _gather(v_buffer, pool_rows, v_scale)
     if k_extend is not None and v_extend is not None:
         ext_rows = start[:, None] + (pos[None, :] - prefix[:, None])
         from_ext = valid & ~in_prefix
@@ -208,3 +280,71 @@ def extend_attention(
 
     out = _gqa_attention(q, k, v, visible, sm_scale, logit_cap, sinks)
     o_extend[q_rows[q_valid]] = out[q_valid].to(o_extend.dtype)
+
+
+def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    x = x.float()
+    return x if scale == 1.0 else x * scale
+
+
+def _gather(pool: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
+    """``pool[rows]`` in float32, scaled; ``index_select`` is several times faster on CPU."""
+    picked = pool.index_select(0, rows.reshape(-1))
+    return _scaled(picked.view(*rows.shape, *pool.shape[1:]), scale)
+
+
+def _extend_per_request(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor | None,
+    v_extend: torch.Tensor | None,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    sm_scale: float,
+    sliding_window_size: int,
+    tree_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> None:
+    """``extend_attention`` one request at a time (same arguments, same invariant)."""
+    tree = tree_mask.reshape(-1).bool() if tree_mask is not None else None
+    tree_offset = 0
+    pool_index = req_pool_indices.tolist()
+    for b, (n, e, s) in enumerate(
+        zip(seq_lens.tolist(), extend_seq_lens.tolist(), extend_start_loc.tolist(), strict=True)
+    ):
+        if e == 0:
+            continue
+        p = n - e
+        if k_extend is not None and v_extend is not None:
+            rows = req_to_token[pool_index[b], :p].long()
+            k = torch.cat(
+                [_scaled(k_buffer.index_select(0, rows), k_scale), k_extend[s : s + e].float()]
+            )
+            v = torch.cat(
+                [_scaled(v_buffer.index_select(0, rows), v_scale), v_extend[s : s + e].float()]
+            )
+        else:
+            rows = req_to_token[pool_index[b], :n].long()
+            k = _scaled(k_buffer.index_select(0, rows), k_scale)
+            v = _scaled(v_buffer.index_select(0, rows), v_scale)
+        visible: torch.Tensor | None = None
+        key_pos = torch.arange(n)
+        query_pos = torch.arange(p, n)[:, None]
+        if tree is not None:
+            inner = tree[tree_offset : tree_offset + e * e].view(e, e)
+            tree_offset += e * e
+            visible = torch.cat([torch.ones(e, p, dtype=torch.bool), inner], 1)
+        elif is_causal and e > 1:
+            visible = key_pos[None, :] <= query_pos
+        if is_causal and sliding_window_size > 0:
+            in_window = (query_pos - key_pos[None, :]) < sliding_window_size
+            visible = in_window if visible is None else visible & in_window
+        out = _attend_one(q_extend[s : s + e], k, v, visible, sm_scale)
+        o_extend[s : s + e] = out.to(o_extend.dtype)
