@@ -128,6 +128,8 @@ class Divergence:
     top_two: TopTwo | None
     dtype: str
     tolerance: float
+    #: The speculative engine's name in messages.
+    spec_label: str = "DSPARK_MOE"
 
     @property
     def near_tie(self) -> bool:
@@ -145,7 +147,7 @@ class Divergence:
 
         head = (
             f"prompt {self.prompt}, token {self.position}: plain {tok(self.plain_token)} vs "
-            f"DSPARK_MOE {tok(self.spec_token)}; "
+            f"{self.spec_label} {tok(self.spec_token)}; "
         )
         t = self.top_two
         if t is None:
@@ -176,6 +178,7 @@ def find_divergences(
     spec: Sequence[Sequence[int]],
     top_two: Sequence[Sequence[TopTwo | None]],
     dtype: str,
+    spec_label: str = "DSPARK_MOE",
 ) -> list[Divergence]:
     """The first divergence of every prompt whose outputs differ, in prompt order.
 
@@ -204,6 +207,7 @@ def find_divergences(
                 top_two=t[j] if j < len(t) else None,
                 dtype=dtype,
                 tolerance=tol,
+                spec_label=spec_label,
             )
         )
     return found

@@ -20,6 +20,7 @@ import pytest
 from bench_scripts import load_benchmark
 
 from dspark_sglang.sglang_integration.demo import EngineRun
+from dspark_sglang.sglang_integration.greedy_check import TopTwo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,12 @@ DSPARK = bench.Engine(bench.DSPARK, "sglang")
 NGRAM = bench.Engine(bench.NGRAM)
 
 
-def _run(tok_s: float, outputs: tuple[tuple[int, ...], ...], verify_rounds: int = 0) -> EngineRun:
+def _run(
+    tok_s: float,
+    outputs: tuple[tuple[int, ...], ...],
+    verify_rounds: int = 0,
+    top_two: tuple[tuple[TopTwo | None, ...], ...] = (),
+) -> EngineRun:
     """An EngineRun of ``outputs`` whose tokens/s is ``tok_s``."""
     tokens = sum(len(o) for o in outputs)
     return EngineRun(
@@ -42,11 +48,18 @@ def _run(tok_s: float, outputs: tuple[tuple[int, ...], ...], verify_rounds: int 
         verify_rounds=verify_rounds,
         correct_drafts=tokens - verify_rounds if verify_rounds else 0,
         accepted_histogram=(),
+        top_two=top_two,
     )
 
 
 SAME = ((1, 2, 3, 4), (5, 6, 7, 8))
 OTHER = ((1, 2, 3, 4), (5, 6, 7, 9))
+#: The target's top two along SAME's outputs: a confident token everywhere (margin 3)
+#: except the last token of the second output, where 8 and 9 are 0.25 apart.
+PLAIN_TOP_TWO = (
+    tuple(TopTwo((t, 100 + t), (-0.1, -3.1)) for t in SAME[0]),
+    (*(TopTwo((t, 100 + t), (-0.1, -3.1)) for t in SAME[1][:3]), TopTwo((8, 9), (-0.6, -0.85))),
+)
 
 
 def _runs(spec_outputs_repeat_1: tuple[tuple[int, ...], ...] = SAME) -> dict[str, Any]:
@@ -57,7 +70,9 @@ def _runs(spec_outputs_repeat_1: tuple[tuple[int, ...], ...] = SAME) -> dict[str
     runs: dict[str, Any] = {bench.PLAIN: [], DSPARK.label: [], NGRAM.label: []}
     for r in range(3):
         dspark_out = spec_outputs_repeat_1 if r == 1 else SAME
-        runs[bench.PLAIN].append({c: _run(plain_tps[r], SAME) for c in (GREEDY, SAMPLED)})
+        runs[bench.PLAIN].append(
+            {c: _run(plain_tps[r], SAME, top_two=PLAIN_TOP_TWO) for c in (GREEDY, SAMPLED)}
+        )
         runs[DSPARK.label].append(
             {c: _run(dspark_tps[r], dspark_out, rounds[r]) for c in (GREEDY, SAMPLED)}
         )
@@ -211,6 +226,37 @@ def test_one_differing_output_in_one_repeat_makes_the_greedy_row_not_identical()
     assert "NO" in text.splitlines()[2] and "yes" in text.splitlines()[3]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "lossless", "verdict"),
+    [("bfloat16", True, "near-ties"), ("float32", False, "NO")],
+)
+def test_a_divergence_at_a_near_tie_is_lossless_only_within_the_dtypes_rounding(
+    dtype: str, lossless: bool, verdict: str
+) -> None:
+    """OTHER differs from plain at the one position where the target's top two (8, 9) are
+    0.25 apart: within bfloat16's tolerance (0.5), far above float32's (1e-3)."""
+    rows = bench.build_rows(_runs(OTHER), [GREEDY], [DSPARK, NGRAM], dtype)
+    bad, ngram = rows
+    assert bad["identical"] is False and bad["lossless"] is lossless
+    assert [x["near_ties"] for x in bad["repeats"]] == [0, int(lossless), 0]
+    assert [x["mismatches"] for x in bad["repeats"]] == [0, int(not lossless), 0]
+    assert (
+        "prompt 1, token 3: plain 8 vs DSPARK_MOE/sglang 9" in bad["repeats"][1]["divergences"][0]
+    )
+    assert ngram["identical"] is True and ngram["lossless"] is True
+    bench.check_row(bad)
+    assert bench.not_lossless(rows) == ([] if lossless else [bad])
+    assert verdict in bench.table(rows).splitlines()[2]
+
+
+def test_a_divergence_without_the_targets_top_two_is_not_lossless() -> None:
+    runs = _runs(OTHER)
+    runs[bench.PLAIN][1][GREEDY] = _run(20, SAME)  # no top two computed
+    row = bench.build_rows(runs, [GREEDY], [DSPARK], "bfloat16")[0]
+    assert row["lossless"] is False
+    assert "unknown" in row["repeats"][1]["divergences"][0]
+
+
 def test_rows_refuse_mismatched_runs() -> None:
     runs = _runs()
     with pytest.raises(ValueError, match="no plain"):
@@ -235,7 +281,10 @@ def _good_row() -> dict[str, Any]:
         ({"algorithm": "NGRAM"}, "policy must be null"),
         ({"algorithm": "EAGLE"}, "algorithm must be"),
         ({"identical": None}, "identical must be true or false"),
+        ({"lossless": None}, "lossless must be true or false"),
+        ({"lossless": False}, "identical outputs are lossless"),
         ({"temperature": 1.0}, "identical must be null"),
+        ({"temperature": 1.0, "identical": None}, "lossless must be null"),
         ({"ratio": 5.0}, r"ratio must lie in \[ratio_min, ratio_max\]"),
         ({"plain_tok_s": float("nan")}, "plain_tok_s must be a positive finite number"),
         ({"dspark_tok_s": 0.0}, "dspark_tok_s must be a positive finite number"),
@@ -406,3 +455,7 @@ def test_the_committed_result_agrees_with_its_own_repeats() -> None:
         assert (row["ratio_min"], row["ratio_max"]) == pytest.approx((min(ratios), max(ratios)))
         if row["temperature"] == 0:
             assert row["identical"] == all(r["identical_outputs"] == r["outputs"] for r in per)
+            assert row["lossless"] == all(r["mismatches"] == 0 for r in per)
+            for r in per:
+                assert r["near_ties"] + r["mismatches"] == r["outputs"] - r["identical_outputs"]
+                assert len(r["divergences"]) == r["outputs"] - r["identical_outputs"]
