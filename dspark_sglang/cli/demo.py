@@ -31,6 +31,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_decoding_arguments(p, max_new_tokens=48)
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
     p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="--engine sglang: requests in flight at once; the prompts go to the engine in "
+        "calls of this many (default 1: one request at a time, the latency that speculative "
+        "decoding is for; larger batches make a verify of every draft cost more, and plain "
+        "decoding gains from the batch instead)",
+    )
+    p.add_argument(
         "--passes",
         type=int,
         default=None,
@@ -72,6 +81,11 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
         if args.passes is not None:
             raise ValueError(
                 "--passes times SGLang's engines (--engine sglang); the reference demo decodes once"
+            )
+        if args.concurrency is not None:
+            raise ValueError(
+                "--concurrency batches SGLang's engines (--engine sglang); the reference demo "
+                "decodes one prompt at a time"
             )
         if args.dtype == "bfloat16":
             raise ValueError(

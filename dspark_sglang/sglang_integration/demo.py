@@ -6,7 +6,8 @@ Why this exists: the README's first command must show what users actually run
 generator. The demo starts the engine twice, one after the other (two CPU
 engines at once would fight over 2 cores and skew both timings): first plain
 decoding, then DSPARK_MOE with the embedded drafter, on the same greedy chat
-prompts, and prints per engine tokens/s (wall time of ``generate`` only, after
+prompts sent ``--concurrency`` at a time (one by default: speculative decoding
+is for per-request latency), and prints per engine tokens/s (wall time of ``generate`` only, after
 a short warm-up on a different prompt so neither run pays first-call costs or
 hits the other's radix cache; ``--passes`` timed passes per engine, each from an
 empty radix cache so that every pass computes the same thing, of which the
@@ -101,6 +102,11 @@ _HOST = "127.0.0.1"  # SGLang's engine binds only loopback ports (dist init); sa
 #: reader can trust on a shared machine, where one pass can be off by a third.
 DEFAULT_PASSES = 3
 
+#: Requests in flight when ``--concurrency`` is not given: one, the per-request latency
+#: speculative decoding exists to cut (a batch makes a verify of every draft dearer while
+#: plain decoding gains from the batch).
+DEFAULT_CONCURRENCY = 1
+
 
 class DemoError(ValueError):
     """A flag, file or checkpoint the demo cannot use; the message names the fix."""
@@ -192,6 +198,8 @@ class DemoPlan:
     omp_threads: int
     #: Timed passes per engine (``--passes``); the report uses their median.
     passes: int
+    #: Requests in flight (``--concurrency``): each pass sends the prompts in calls of this many.
+    concurrency: int
     #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG`` (``--policy``), else None:
     #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
     scheduler_config: Path | None
@@ -217,6 +225,8 @@ class DemoPlan:
             raise DemoError(f"--threads must be >= 1, got {self.omp_threads}")
         if self.passes < 1:
             raise DemoError(f"--passes must be >= 1, got {self.passes}")
+        if self.concurrency < 1:
+            raise DemoError(f"--concurrency must be >= 1, got {self.concurrency}")
 
 
 def check_sglang_flags(args: argparse.Namespace) -> None:
@@ -237,6 +247,8 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
         raise DemoError(f"--threads must be >= 1, got {args.threads}")
     if args.passes is not None and args.passes < 1:
         raise DemoError(f"--passes must be >= 1 (timed passes per engine), got {args.passes}")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise DemoError(f"--concurrency must be >= 1 (requests in flight), got {args.concurrency}")
     if args.policy is None:
         for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
             if value is not None:
@@ -448,6 +460,7 @@ def plan_demo(
         max_new_tokens=args.max_new_tokens,
         omp_threads=args.threads if args.threads is not None else 1,
         passes=args.passes if args.passes is not None else DEFAULT_PASSES,
+        concurrency=args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY,
         scheduler_config=scheduler_config,
         dtype=dtype,
     )
@@ -506,11 +519,14 @@ def run_engine(
     console: Any,
     top_two: bool = False,
     passes: int = 1,
+    concurrency: int | None = None,
 ) -> EngineRun:
-    """Start one CPU engine, warm it up, time ``passes`` batched greedy ``generate`` calls.
+    """Start one CPU engine, warm it up, time ``passes`` passes of greedy ``generate`` calls.
 
-    The figures are the first pass's outputs and the median wall time; a later pass
-    whose outputs differ from the first's is counted (``differing_passes``).
+    A pass sends the prompts in calls of ``concurrency`` prompts (all at once when None),
+    one call after the other, and its wall time is the pass's. The figures are the first
+    pass's outputs and the median wall time; a later pass whose outputs differ from the
+    first's is counted (``differing_passes``).
 
     EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
     runs of both engines stop at the same token anyway. With ``top_two`` the
@@ -520,6 +536,9 @@ def run_engine(
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
     sampling = {"ignore_eos": False}
+    width = len(prompts) if concurrency is None else concurrency
+    if width < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     with contextlib.ExitStack() as stack:
         with console.status(
             f"starting SGLang's engine on CPU for {label} (a scheduler process loads the "
@@ -537,11 +556,14 @@ def run_engine(
             # passes would not compute the same thing.
             flush_radix_cache(engine)
             with console.status(
-                f"{label}: generating {len(prompts)} prompts in one batch "
+                f"{label}: generating {len(prompts)} prompts, {width} at a time "
                 f"(timed pass {k + 1} of {passes})"
             ):
                 start = time.perf_counter()
-                out = generate_outputs(engine, [list(p) for p in prompts], max_new_tokens, sampling)
+                out = []
+                for first in range(0, len(prompts), width):
+                    calls = [list(p) for p in prompts[first : first + width]]
+                    out += generate_outputs(engine, calls, max_new_tokens, sampling)
                 walls.append(time.perf_counter() - start)
             if k == 0:
                 outputs = out
@@ -695,7 +717,8 @@ def run_sglang_demo(
         console.print(
             f"target {plan.model_path.name}, drafter {plan.drafter_dir.name} "
             f"({'trained' if plan.trained else 'UNTRAINED'}), {len(plan.prompts)} prompts x "
-            f"<= {plan.max_new_tokens} new tokens, greedy, {plan.dtype.dtype}, policy {policy}",
+            f"<= {plan.max_new_tokens} new tokens, {plan.concurrency} request(s) in flight, "
+            f"greedy, {plan.dtype.dtype}, policy {policy}",
             soft_wrap=True,
         )
         console.print(
@@ -715,6 +738,7 @@ def run_sglang_demo(
                 console,
                 top_two=True,
                 passes=plan.passes,
+                concurrency=plan.concurrency,
             )
             spec = run_engine(
                 "DSPARK_MOE",
@@ -724,6 +748,7 @@ def run_sglang_demo(
                 plan.max_new_tokens,
                 console,
                 passes=plan.passes,
+                concurrency=plan.concurrency,
             )
         except ImportError as exc:
             print(

@@ -68,6 +68,7 @@ def test_subcommands_are_registered() -> None:
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
         (["--passes", "0"], "--passes must be >= 1"),
+        (["--concurrency", "0"], "--concurrency must be >= 1"),
         (["--policy", "lagged"], "needs --cost-table"),
         (["--cost-table", "sps.json"], "give --policy too"),
         (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
@@ -129,6 +130,7 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     assert rc == 0, out
     assert ("UNTRAINED" in out) != _TRAINED
     assert "identical output at temperature 0: 2/2 prompts" in out
+    assert "1 request(s) in flight" in out  # the default: one request at a time
     # Every demo request is greedy, so DSPARK_MOE drafts by argmax (lossless all the same).
     assert "draft: argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1)" in out
 
@@ -208,6 +210,11 @@ def test_generate_policy_needing_a_cost_table_fails_clearly(
     rc = main(["generate", "--prompt", "hi", "--policy", "prefix", "--max-new-tokens", "2"])
     assert rc == 2
     assert "needs --cost-table" in capsys.readouterr().err
+
+
+def test_reference_demo_refuses_concurrency(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--engine", "reference", "--concurrency", "2"]) == 2
+    assert "--concurrency batches SGLang's engines" in capsys.readouterr().err
 
 
 def test_reference_demo_refuses_passes(capsys: pytest.CaptureFixture[str]) -> None:

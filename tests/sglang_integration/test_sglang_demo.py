@@ -84,6 +84,7 @@ def _plan(tmp_path: Path, scheduler_config: Path | None) -> DemoPlan:
         max_new_tokens=4,
         omp_threads=1,
         passes=1,
+        concurrency=1,
         scheduler_config=scheduler_config,
         dtype=choose_cpu_dtype("float32", None),
     )
