@@ -14,7 +14,8 @@ or the request pool size times ``block_size + 1``. Probe batch sizes ``b``
 (total verify tokens) are the powers of two below ``P = min(C,
 MAX_PROBE_TOKENS)`` plus ``P`` (:func:`probe_points`). Each probe runs the fleet
 profiler's measurement core (``profiling.measure.measure_staircase``: shuffled
-order, warm-up, median of the timed steps) on a :class:`StepBackend`. When
+order, warm-up, median of the timed steps) on a :class:`StepBackend`, and the
+step times are made non-decreasing in tokens (:func:`non_increasing`). When
 ``C > P`` one more point at ``C`` is extrapolated, not measured: step time
 grows linearly with the slope of the last two probes (:func:`extrapolate`),
 so large batches are not priced at the last probe's rate. The table is
@@ -64,8 +65,11 @@ logger = logging.getLogger(__name__)
 #: Where to write the measured table (SGLang's SPS JSON). Unset: next to the
 #: decision log (``<log stem>.startup_cost_table.json``) when one is set, else not written.
 TABLE_PATH_ENV = "DSPARK_STARTUP_COST_TABLE"
-#: Measurement effort: a start-up profile must take seconds, not minutes.
-STARTUP_MEASURE = MeasureConfig(warmup=1, repeats=3, rounds=1, seed=0)
+#: Measurement effort: a start-up profile must take seconds, not minutes. Two
+#: shuffled rounds of 5 timed steps per probe: with one round of 3 the first
+#: probes (1, 2, 4 tokens), whose ratio decides whether a first draft is worth
+#: verifying, moved by 15-25 % between start-ups of one engine on a shared CPU.
+STARTUP_MEASURE = MeasureConfig(warmup=1, repeats=5, rounds=2, seed=0)
 #: Largest probe actually run; beyond it the table is extrapolated (module doc).
 MAX_PROBE_TOKENS = 256
 
@@ -137,6 +141,27 @@ def extrapolate(probes: list[tuple[int, float]], cap: int) -> tuple[int, float]:
     return cap, 1.0 / (1.0 / s1 + slope * (cap - b1))
 
 
+def non_increasing(probes: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The probes with step time made non-decreasing in tokens (pool adjacent violators).
+
+    A forward over more tokens does the same work plus more, so it is never faster;
+    a probe measured faster than a smaller one is noise, and left in the table it
+    would make a policy stop before, or jump past, that size for no reason. Adjacent
+    probes that violate the order are replaced by the mean of their step times,
+    weighted by count (the least-squares non-decreasing fit); ordered probes are
+    returned unchanged. ``probes`` must be sorted by tokens.
+    """
+    blocks: list[list[float]] = []  # [summed step seconds, count]
+    for _, sps in probes:
+        blocks.append([1.0 / sps, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    seconds = [total / count for total, count in blocks for _ in range(int(count))]
+    return [(b, 1.0 / t) for (b, _), t in zip(probes, seconds, strict=True)]
+
+
 def build_table(
     make_step: MakeStep,
     cap: int,
@@ -149,7 +174,7 @@ def build_table(
     top = min(probe_points(cap)[-1], max_probe)
     grid = GridSpec(max_tokens=top, points=probe_points(top), refine=False)
     probes = measure_staircase(StepBackend(make_step, top, clock), grid, measure)
-    pairs = [(p.batch_tokens, p.steps_per_sec) for p in probes]
+    pairs = non_increasing([(p.batch_tokens, p.steps_per_sec) for p in probes])
     if cap > top:
         pairs.append(extrapolate(pairs, cap))
     return from_probes(pairs, cap)

@@ -93,6 +93,17 @@ def test_beyond_the_largest_probe_the_step_time_is_extrapolated() -> None:
     assert table.max_batch_tokens == 240
 
 
+def test_a_probe_timed_faster_than_a_smaller_one_is_pooled_with_it() -> None:
+    # 2 tokens timed slower than 4 and 8 (noise): the three are pooled to their mean.
+    noisy = {1: 0.036, 2: 0.047, 4: 0.040, 8: 0.043}
+    dev = FakeDevice(lambda b: noisy[b])
+    table = build_table(dev.make_step, 8, clock=dev.clock)
+    steps = [1.0 / s for s in table.sample_steps_per_sec]
+    assert steps == pytest.approx([0.036, 0.130 / 3, 0.130 / 3, 0.130 / 3])
+    ordered = [(1, 30.0), (2, 25.0), (4, 25.0)]
+    assert startup_profile.non_increasing(ordered) == ordered
+
+
 def test_extrapolation_never_makes_a_larger_batch_faster() -> None:
     # A noisy decrease between the last two probes: slope floored at 0.
     assert extrapolate([(8, 100.0), (16, 120.0)], 64) == (64, 120.0)
