@@ -45,9 +45,9 @@ same repeat: tokens/s of both, their ratio (per repeat, then median and range ov
 at temperature 0, whether every output was token-identical to plain's in every repeat
 (greedy verification is lossless) and, where one was not, whether each divergence is a
 numerical near-tie (``lossless``, the demo's rule in ``greedy_check``: the plain engine
-computes, untimed after each greedy cell, the target's top two along its outputs; a
-divergence between the target's top two within the dtype's rounding tolerance is a
-near-tie, anything else a bug). Each row keeps every repeat's raw figures.
+computes, untimed after each greedy cell, the target's best tokens along its outputs; a
+divergence where both tokens are within the dtype's rounding tolerance of the target's
+best is a near-tie, anything else a bug). Each row keeps every repeat's raw figures.
 
 On CPU SGLang's NGRAM verifies greedily whatever the temperature (``eagle_sample``: no
 sampling-verify kernel on CPU), so at temperature > 0 its outputs are the target's greedy
@@ -249,8 +249,8 @@ def build_rows(
     ``runs[engine.label][repeat][cell]`` is what that engine produced for the cell: an
     object with ``outputs`` (token ids per request), ``num_tokens``, ``wall_s``,
     ``tokens_per_second``, ``verify_rounds``, ``correct_drafts`` and ``accept_length``
-    (``demo.EngineRun``); the plain engine's greedy cells also carry ``top_two``, the
-    target's top two along its outputs, which classify each divergence (``greedy_check``
+    (``demo.EngineRun``); the plain engine's greedy cells also carry ``top_tokens``, the
+    target's best tokens along its outputs, which classify each divergence (``greedy_check``
     in ``dtype``, the engines' dtype).
     """
     from dspark_sglang.sglang_integration.greedy_check import find_divergences
@@ -281,7 +281,7 @@ def build_rows(
                 same = sum(a == b for a, b in zip(p.outputs, s.outputs, strict=True))
                 divergences = []
                 if cell.temperature == 0:
-                    tops = p.top_two or tuple(() for _ in p.outputs)
+                    tops = p.top_tokens or tuple(() for _ in p.outputs)
                     divergences = find_divergences(p.outputs, s.outputs, tops, dtype, eng.label)
                 per.append(
                     {
@@ -647,9 +647,9 @@ def run_engine(
     ``prompts[cell]`` is the cell's own prompts (``cell_prompt_slices``). Right before each
     cell its prompts are prefilled once, untimed (one token each), so every timed cell
     finds its prompts in the radix cache alike. After a greedy cell the plain engine also
-    computes, untimed, the target's top two along its outputs (``demo.target_top_two``).
+    computes, untimed, the target's best tokens along its outputs (``demo.target_top_tokens``).
     """
-    from dspark_sglang.sglang_integration.demo import EngineRun, target_top_two
+    from dspark_sglang.sglang_integration.demo import EngineRun, target_top_tokens
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
     out: dict[Cell, Any] = {}
@@ -671,7 +671,7 @@ def run_engine(
             tops: tuple[Any, ...] = ()
             if engine_def.algorithm == PLAIN and cell.temperature == 0:
                 sent = [own[i] for batch in cell_batches(len(own), cell.concurrency) for i in batch]
-                tops = target_top_two(engine, sent, [o["output_ids"] for o in outputs])
+                tops = target_top_tokens(engine, sent, [o["output_ids"] for o in outputs])
             out[cell] = run = EngineRun.from_outputs(engine_def.label, outputs, wall, tops)
             console.print(
                 f"{engine_def.label}: {cell.label}: {run.tokens_per_second:.2f} tok/s",

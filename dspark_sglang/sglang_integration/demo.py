@@ -15,11 +15,12 @@ median counts, because one pass on a shared machine can be off by a third), the
 speed ratio of the medians, SGLang's accepted length per
 verify round, and whether the outputs are token-identical. Greedy verification
 is lossless, so they must be; where a prompt's outputs differ the demo names
-the position and the target's top-2 logit margin there (``greedy_check``): a
-margin within the dtype's rounding tolerance is printed loudly as a numerical
-near-tie, anything else is a bug and the demo exits 1. The margins come from
+the position and the target's best tokens there (``greedy_check``): two tokens
+within the dtype's rounding tolerance of the best are printed loudly as a
+numerical near-tie, anything else is a bug and the demo exits 1. The margins come from
 the plain engine itself: after its timed run, one untimed prefill of each
-prompt plus its plain output with ``return_logprob`` and ``top_logprobs_num=2``.
+prompt plus its plain output with ``return_logprob`` and ``top_logprobs_num`` =
+``greedy_check.TOP_TOKENS``.
 
 Every demo request is greedy (``--temperature 0``; the engine refuses others), so
 the DSPARK_MOE engine drafts by argmax: SGLang's ``SGLANG_DSPARK_USE_GREEDY_DRAFT``,
@@ -64,11 +65,12 @@ from typing import Any
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 from dspark_sglang.sglang_integration.cpu_dtype import DtypeChoice, choose_cpu_dtype, read_cpuinfo
 from dspark_sglang.sglang_integration.greedy_check import (
-    TopTwo,
+    TOP_TOKENS,
+    TopTokens,
     find_divergences,
     near_tie_tolerance,
     summarize_margins,
-    top_two_from_sglang,
+    top_tokens_from_sglang,
 )
 from dspark_sglang.sglang_integration.launch import (
     GREEDY_DRAFT_ENV,
@@ -90,7 +92,7 @@ __all__ = [
     "resolve_drafter",
     "run_engine",
     "run_sglang_demo",
-    "target_top_two",
+    "target_top_tokens",
     "write_scheduler_config",
 ]
 
@@ -126,9 +128,9 @@ class EngineRun:
     #: Sum over requests of SGLang's ``spec_correct_drafts_histogram`` (steps that
     #: accepted exactly k drafts), empty without speculation.
     accepted_histogram: tuple[int, ...]
-    #: The target's top two at every token of every output (``target_top_two``);
+    #: The target's best tokens at every token of every output (``target_top_tokens``);
     #: empty where they were not computed.
-    top_two: tuple[tuple[TopTwo | None, ...], ...] = ()
+    top_tokens: tuple[tuple[TopTokens | None, ...], ...] = ()
     #: Wall time of every timed pass (``wall_s`` is their median); empty for one pass.
     pass_walls: tuple[float, ...] = ()
     #: Timed passes after the first whose outputs differed from the first's.
@@ -158,7 +160,7 @@ class EngineRun:
         label: str,
         outputs: Sequence[dict[str, Any]],
         wall_s: float,
-        top_two: tuple[tuple[TopTwo | None, ...], ...] = (),
+        top_tokens: tuple[tuple[TopTokens | None, ...], ...] = (),
         pass_walls: Sequence[float] = (),
         differing_passes: int = 0,
     ) -> EngineRun:
@@ -180,7 +182,7 @@ class EngineRun:
             verify_rounds=verify,
             correct_drafts=correct,
             accepted_histogram=tuple(hist),
-            top_two=top_two,
+            top_tokens=top_tokens,
             pass_walls=tuple(float(w) for w in pass_walls),
             differing_passes=differing_passes,
         )
@@ -466,13 +468,13 @@ def plan_demo(
     )
 
 
-def target_top_two(
+def target_top_tokens(
     engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
-) -> tuple[tuple[TopTwo | None, ...], ...]:
-    """The target's top two at every token of each output, by one prefill in ``engine``.
+) -> tuple[tuple[TopTokens | None, ...], ...]:
+    """The target's best tokens at every token of each output, by one prefill in ``engine``.
 
     Each request is the prompt followed by its output, with ``return_logprob``
-    and ``top_logprobs_num=2``. SGLang's entry for input position ``p`` is the
+    and ``top_logprobs_num=TOP_TOKENS``. SGLang's entry for input position ``p`` is the
     distribution that predicted token ``p``, except that the first entry (at
     ``logprob_start_len``) is always None, so the start is the prompt's last
     token: its None entry is dropped and the rest are the distributions before
@@ -485,7 +487,7 @@ def target_top_two(
         sampling_params={"temperature": 0.0, "max_new_tokens": 1},
         return_logprob=True,
         logprob_start_len=[len(p) - 1 for p in prompts],
-        top_logprobs_num=2,
+        top_logprobs_num=TOP_TOKENS,
     )
     top = []
     for i, (res, out) in enumerate(zip(results, outputs, strict=True)):
@@ -493,9 +495,9 @@ def target_top_two(
         if len(entries) != len(out) + 1:
             raise RuntimeError(
                 f"SGLang returned {len(entries)} input_top_logprobs for the last prompt token "
-                f"and {len(out)} output tokens of prompt {i}; the top-2 check cannot align them"
+                f"and {len(out)} output tokens of prompt {i}; the near-tie check cannot align them"
             )
-        top.append(top_two_from_sglang(entries[1:], f"prompt {i} input_top_logprobs"))
+        top.append(top_tokens_from_sglang(entries[1:], f"prompt {i} input_top_logprobs"))
     return tuple(top)
 
 
@@ -517,7 +519,7 @@ def run_engine(
     warmup: Sequence[int],
     max_new_tokens: int,
     console: Any,
-    top_two: bool = False,
+    top_tokens: bool = False,
     passes: int = 1,
     concurrency: int | None = None,
 ) -> EngineRun:
@@ -529,9 +531,9 @@ def run_engine(
     first's is counted (``differing_passes``).
 
     EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
-    runs of both engines stop at the same token anyway. With ``top_two`` the
-    engine also computes, untimed, the target's top two along its outputs
-    (``target_top_two``).
+    runs of both engines stop at the same token anyway. With ``top_tokens`` the
+    engine also computes, untimed, the target's best tokens along its outputs
+    (``target_top_tokens``).
     """
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
@@ -570,10 +572,10 @@ def run_engine(
             elif [o["output_ids"] for o in out] != [o["output_ids"] for o in outputs]:
                 differing += 1
         wall = statistics.median(walls)
-        tops: tuple[tuple[TopTwo | None, ...], ...] = ()
-        if top_two:
-            with console.status(f"{label}: target's top two along the outputs (untimed)"):
-                tops = target_top_two(engine, prompts, [o["output_ids"] for o in outputs])
+        tops: tuple[tuple[TopTokens | None, ...], ...] = ()
+        if top_tokens:
+            with console.status(f"{label}: target's best tokens along the outputs (untimed)"):
+                tops = target_top_tokens(engine, prompts, [o["output_ids"] for o in outputs])
         each = ", ".join(f"{w:.2f}" for w in walls)
         console.print(f"{label}: {each} s; shutting the engine down", highlight=False)
     return EngineRun.from_outputs(
@@ -595,7 +597,7 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
 
     It passes when the outputs are token-identical or every prompt's first
     divergence is a numerical near-tie in ``dtype`` (``greedy_check``), which
-    is printed loudly. ``plain.top_two`` holds the target's top two along the
+    is printed loudly. ``plain.top_tokens`` holds the target's best tokens along the
     plain outputs.
     """
     from rich.table import Table
@@ -639,7 +641,7 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
             f"rounds by drafts accepted (k:rounds): {hist}", soft_wrap=True, highlight=False
         )
     same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
-    tops = plain.top_two or tuple(() for _ in plain.outputs)
+    tops = plain.top_tokens or tuple(() for _ in plain.outputs)
     divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
     passed = all(d.near_tie for d in divergences)
     for run in (plain, spec):
@@ -736,7 +738,7 @@ def run_sglang_demo(
                 warmup,
                 plan.max_new_tokens,
                 console,
-                top_two=True,
+                top_tokens=True,
                 passes=plan.passes,
                 concurrency=plan.concurrency,
             )

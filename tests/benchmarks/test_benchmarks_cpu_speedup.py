@@ -20,7 +20,7 @@ import pytest
 from bench_scripts import load_benchmark
 
 from dspark_sglang.sglang_integration.demo import EngineRun
-from dspark_sglang.sglang_integration.greedy_check import TopTwo
+from dspark_sglang.sglang_integration.greedy_check import TopTokens
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def _run(
     tok_s: float,
     outputs: tuple[tuple[int, ...], ...],
     verify_rounds: int = 0,
-    top_two: tuple[tuple[TopTwo | None, ...], ...] = (),
+    top_tokens: tuple[tuple[TopTokens | None, ...], ...] = (),
 ) -> EngineRun:
     """An EngineRun of ``outputs`` whose tokens/s is ``tok_s``."""
     tokens = sum(len(o) for o in outputs)
@@ -48,7 +48,7 @@ def _run(
         verify_rounds=verify_rounds,
         correct_drafts=tokens - verify_rounds if verify_rounds else 0,
         accepted_histogram=(),
-        top_two=top_two,
+        top_tokens=top_tokens,
     )
 
 
@@ -56,9 +56,12 @@ SAME = ((1, 2, 3, 4), (5, 6, 7, 8))
 OTHER = ((1, 2, 3, 4), (5, 6, 7, 9))
 #: The target's top two along SAME's outputs: a confident token everywhere (margin 3)
 #: except the last token of the second output, where 8 and 9 are 0.25 apart.
-PLAIN_TOP_TWO = (
-    tuple(TopTwo((t, 100 + t), (-0.1, -3.1)) for t in SAME[0]),
-    (*(TopTwo((t, 100 + t), (-0.1, -3.1)) for t in SAME[1][:3]), TopTwo((8, 9), (-0.6, -0.85))),
+PLAIN_TOP_TOKENS = (
+    tuple(TopTokens((t, 100 + t), (-0.1, -3.1)) for t in SAME[0]),
+    (
+        *(TopTokens((t, 100 + t), (-0.1, -3.1)) for t in SAME[1][:3]),
+        TopTokens((8, 9), (-0.6, -0.85)),
+    ),
 )
 
 
@@ -71,7 +74,7 @@ def _runs(spec_outputs_repeat_1: tuple[tuple[int, ...], ...] = SAME) -> dict[str
     for r in range(3):
         dspark_out = spec_outputs_repeat_1 if r == 1 else SAME
         runs[bench.PLAIN].append(
-            {c: _run(plain_tps[r], SAME, top_two=PLAIN_TOP_TWO) for c in (GREEDY, SAMPLED)}
+            {c: _run(plain_tps[r], SAME, top_tokens=PLAIN_TOP_TOKENS) for c in (GREEDY, SAMPLED)}
         )
         runs[DSPARK.label].append(
             {c: _run(dspark_tps[r], dspark_out, rounds[r]) for c in (GREEDY, SAMPLED)}
@@ -249,7 +252,7 @@ def test_a_divergence_at_a_near_tie_is_lossless_only_within_the_dtypes_rounding(
     assert verdict in bench.table(rows).splitlines()[2]
 
 
-def test_a_divergence_without_the_targets_top_two_is_not_lossless() -> None:
+def test_a_divergence_without_the_targets_top_tokens_is_not_lossless() -> None:
     runs = _runs(OTHER)
     runs[bench.PLAIN][1][GREEDY] = _run(20, SAME)  # no top two computed
     row = bench.build_rows(runs, [GREEDY], [DSPARK], "bfloat16")[0]

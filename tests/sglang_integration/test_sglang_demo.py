@@ -25,7 +25,7 @@ from dspark_sglang.sglang_integration.demo import (
     report,
     write_scheduler_config,
 )
-from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTwo
+from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTokens
 from dspark_sglang.sglang_integration.launch import STS_FILENAME, scheduler_env
 
 
@@ -137,14 +137,16 @@ def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:
         )
 
 
-def _run(label: str, outputs: list[list[int]], top_two: tuple = ()) -> EngineRun:
+def _run(label: str, outputs: list[list[int]], top_tokens: tuple = ()) -> EngineRun:
     return EngineRun.from_outputs(
-        label, [{"output_ids": o, "meta_info": {}} for o in outputs], 1.0, top_two
+        label, [{"output_ids": o, "meta_info": {}} for o in outputs], 1.0, top_tokens
     )
 
 
 def _tops(outputs: list[list[int]], runner_up: int, margin: float) -> tuple:
-    return tuple(tuple(TopTwo((t, runner_up), (-0.1, -0.1 - margin)) for t in o) for o in outputs)
+    return tuple(
+        tuple(TopTokens((t, runner_up), (-0.1, -0.1 - margin)) for t in o) for o in outputs
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
