@@ -129,7 +129,11 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert ("UNTRAINED" in out) != _TRAINED
-    assert "identical output at temperature 0: 2/2 prompts" in out
+    # Identical outputs, except that in bfloat16 a prompt may diverge at a numerical
+    # near-tie (its logits come in 0.125 steps), which the demo reports and passes.
+    same = int(_search(r"identical output at temperature 0: (\d)/2 prompts", out)[1])
+    dtype = choose_cpu_dtype("auto", read_cpuinfo()).dtype
+    assert same == 2 or (dtype == "bfloat16" and out.count("NEAR-TIE: ") == 2 - same), out
     assert "1 request(s) in flight" in out  # the default: one request at a time
     # Every demo request is greedy, so DSPARK_MOE drafts by argmax (lossless all the same).
     assert "draft: argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1)" in out
@@ -147,7 +151,8 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     for tokens, wall, tps in runs.values():
         assert 2 <= tokens <= 32 and wall > 0
         assert tps == pytest.approx(tokens / wall, rel=1e-2, abs=0.01)
-    assert runs["plain"][0] == runs["DSPARK_MOE"][0]  # identical outputs, identical counts
+    if same == 2:
+        assert runs["plain"][0] == runs["DSPARK_MOE"][0]  # identical outputs, identical counts
 
     ratio = float(_search(r"speed ratio DSPARK_MOE / plain: ([\d.]+)x", out)[1])
     assert ratio == pytest.approx(runs["DSPARK_MOE"][2] / runs["plain"][2], rel=2e-2)
