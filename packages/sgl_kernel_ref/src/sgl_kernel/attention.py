@@ -2,10 +2,10 @@
 
 These are the two attention kernels SGLang's ``intel_amx`` backend calls. The
 real kernels (AMX/AVX-512 C++) split the KV range into chunks; this reference
-computes the same result densely: per request, gather the keys/values named by
-``req_to_token[req_pool_index, :seq_len]``, pad the batch to its longest
-request, and run one masked softmax. GQA is handled by viewing the query heads
-as ``[kv_heads, group]`` so keys are never repeated in memory.
+computes the same result densely over the keys/values named by
+``req_to_token[req_pool_index, :seq_len]`` (two ways, below). GQA is handled by
+viewing the query heads as ``[kv_heads, group]`` so keys are never repeated in
+memory.
 
 Invariant (both kernels): query row ``t`` of request ``b`` attends exactly to
 the keys its mask allows (prefix always; the extend part causally or through
