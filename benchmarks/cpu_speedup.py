@@ -662,15 +662,16 @@ def run_engine(
             own = prompts[cell]
             generate_outputs(engine, [list(p) for p in own], 1)  # untimed: prefills cached
             outputs: list[dict[str, Any]] = []
+            sent: list[list[int]] = []  # the prompt of each output, in order
             wall = 0.0
             for batch in cell_batches(len(own), cell.concurrency):
                 ids = [list(own[i]) for i in batch]
                 start = time.perf_counter()
                 outputs += generate_outputs(engine, ids, max_new_tokens, sampling(cell.temperature))
                 wall += time.perf_counter() - start
+                sent += ids
             tops: tuple[Any, ...] = ()
             if engine_def.algorithm == PLAIN and cell.temperature == 0:
-                sent = [own[i] for batch in cell_batches(len(own), cell.concurrency) for i in batch]
                 tops = target_top_tokens(engine, sent, [o["output_ids"] for o in outputs])
             out[cell] = run = EngineRun.from_outputs(engine_def.label, outputs, wall, tops)
             console.print(
