@@ -5,9 +5,10 @@ at a time, as ``dspark-sglang demo --engine sglang`` runs them:
 
 * Target SmolLM2-135M-Instruct; drafter: the embedded one
   (``dspark_sglang/assets/drafters/smollm2/``, or ``--drafter``); prompts: the demo's
-  GSM8K chats (``data.demo_prompts``), sent one at a time (batch 1), greedy,
-  ``--new-tokens`` each with EOS ignored; ``--dtype`` (default bfloat16), ``--threads``
-  OpenMP threads; verify lengths by SGLang's own decision unless ``--policy`` names ours.
+  GSM8K chats (``data.demo_prompts``), sent ``--concurrency`` at a time (default 1:
+  batch 1), greedy, ``--new-tokens`` each with EOS ignored; ``--dtype`` (default
+  bfloat16), ``--threads`` OpenMP threads; verify lengths by SGLang's own decision
+  unless ``--policy`` names ours.
 * Inside each engine's scheduler process the profiling aid
   ``DSPARK_PROFILE_ROUNDS`` (``sglang_integration/round_profile.py``) times every decode
   round of DSPARK_MOE phase by phase (draft backbone forward, draft LM head, Markov
@@ -231,9 +232,11 @@ def run_engine(
     new: int,
     passes: int,
     console: Any,
+    concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     """Start one engine with profiling into ``path``; ``passes`` timed passes over the
-    prompts, one request at a time, each its own snapshot difference."""
+    prompts, ``concurrency`` requests in one batch at a time, each pass its own snapshot
+    difference."""
     from dspark_sglang.sglang_integration.demo import EngineRun
     from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 
@@ -246,7 +249,13 @@ def run_engine(
         for k in range(passes):
             before = settled_snapshot(path)
             t0 = time.perf_counter()
-            outputs = [generate_outputs(engine, [list(p)], new)[0] for p in prompts]
+            outputs = [
+                out
+                for i in range(0, len(prompts), concurrency)
+                for out in generate_outputs(
+                    engine, [list(p) for p in prompts[i : i + concurrency]], new
+                )
+            ]
             wall = time.perf_counter() - t0
             after = settled_snapshot(path)
             out.append(
@@ -271,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=80)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--concurrency", type=int, default=1, help="requests sent as one batch (default 1)"
+    )
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     ap.add_argument("--threads", type=int, default=1, help="OpenMP threads per scheduler")
     ap.add_argument("--drafter", type=Path, default=DEFAULT_DRAFTER_DIR)
@@ -301,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "<cache>/runs/bench/round_profile-<UTC time>/)",
     )
     args = ap.parse_args(argv)
-    for name in ("num_prompts", "new_tokens", "repeats", "threads"):
+    for name in ("num_prompts", "new_tokens", "repeats", "threads", "concurrency"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.new_tokens < 2:
@@ -336,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads=args.threads,
             dtype=args.dtype,
             passes=None,  # this benchmark times its own passes (--repeats)
+            concurrency=args.concurrency,
         )
         plan = plan_demo(demo_args, model_path, args.drafter, Path(tmp), console)
         if not plan.trained:
@@ -365,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "target": "smollm2 (SmolLM2-135M-Instruct)",
                 "drafter": str(plan.drafter_dir),
                 "prompts": f"demo chats (data.demo_prompts), {len(plan.prompts)} prompts, "
-                "one request at a time (batch 1)",
+                f"{args.concurrency} request(s) per batch",
+                "concurrency": args.concurrency,
                 "prompt_tokens": [len(p) for p in plan.prompts],
                 "new_tokens": args.new_tokens,
                 "sampling": "greedy, EOS ignored",
@@ -399,7 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 omp_threads=args.threads,
             )
             passes[name] = run_engine(
-                spec, path, plan.prompts, warmup, args.new_tokens, args.repeats, console
+                spec,
+                path,
+                plan.prompts,
+                warmup,
+                args.new_tokens,
+                args.repeats,
+                console,
+                args.concurrency,
             )
         for rep in range(args.repeats):
             runs = {name: passes[name][rep] for name in ENGINES}

@@ -294,9 +294,33 @@ class DraftVocabBias:
             persistent=False,
         )
 
+    #: Set only inside :meth:`reduced_step_bias`: ``project_bias`` then returns the ``K``
+    #: mapped columns instead of scattering them into ``V``.
+    _dspark_reduced = False
+
     def project_bias(self, latent_states: torch.Tensor) -> torch.Tensor:
         reduced = self.markov_w2(latent_states)
+        if self._dspark_reduced:
+            return reduced
         return scatter_to_vocab(reduced, self.draft_vocab_ids, self.vocab_size, 0.0)
+
+    def reduced_step_bias(
+        self,
+        prev_tokens: torch.Tensor,
+        *,
+        hidden_states: torch.Tensor | None,
+        state: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """SGLang's ``step_bias`` with the bias in the map's ``K`` columns (``[N, K]``).
+
+        Every SGLang head (vanilla, gated, RNN) ends its step in ``project_bias``, so the
+        head's own step runs unchanged and only the final scatter is left out.
+        """
+        self._dspark_reduced = True
+        try:
+            return self.step_bias(prev_tokens, hidden_states=hidden_states, state=state)  # type: ignore[attr-defined]
+        finally:
+            self._dspark_reduced = False
 
     def configure_tp_shard(self, *, lm_head: Any, prefer_nvlink: bool) -> None:
         del lm_head, prefer_nvlink

@@ -396,6 +396,96 @@ def _base_and_bias(
     return model, base.float(), torch.cat([bias, bias2]).float()
 
 
+def _draft_blocks(model: Any, base: torch.Tensor, anchor: torch.Tensor, hidden: torch.Tensor):
+    """SGLang's argmax draft loop over ``base`` ``[N, B, V]``: its own step, then ours."""
+    import functools
+    import inspect
+
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.dspark_components import dspark_draft
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+
+    from dspark_sglang.sglang_integration.greedy_step import reduced_greedy_step
+
+    def block() -> torch.Tensor:
+        tokens, logits = dspark_draft.draft_markov_block(
+            markov_head=model.markov_head,
+            base_logits=base,
+            anchor_tokens=anchor,
+            draft_hidden=hidden,
+            step_temperatures=torch.zeros(anchor.numel()),
+            noise=dspark_draft.DraftNoise(key=1, offset=torch.zeros(1, dtype=torch.int64)),
+            tp_sync=SpecTpSync(get_parallel().tp_group),
+            greedy_draft=True,
+        )
+        assert logits is None
+        return tokens
+
+    current = dspark_draft._draft_step  # wrapped by our hook if this process loaded the plugin
+    sglang_step = inspect.unwrap(current)
+    try:
+        with torch.inference_mode():
+            dspark_draft._draft_step = sglang_step
+            want = block()
+            dspark_draft._draft_step = functools.partial(reduced_greedy_step, sglang_step)
+            got = block()
+    finally:
+        dspark_draft._draft_step = current
+    return want, got
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
+    sglang_runtime: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    markov: str,
+    dtype: torch.dtype,
+) -> None:
+    """The argmax step in the map's columns (``greedy_step``) against SGLang's own step,
+    through SGLang's draft loop: the same drafts, also at exact ties, where the lowest
+    target id must win, and on rows with NaNs, where the first NaN must win."""
+    from dspark_sglang.sglang_integration.greedy_step import applies
+    from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
+
+    monkeypatch.setenv(GREEDY_DRAFT_ENV, "1")
+    drafter = _drafter(_config(markov_head_type=markov))
+    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
+    model = _sglang_model(save_drafter(drafter.with_greedy_vocab(vocab), tmp_path / "greedy"))
+    model.attach_shared_modules(
+        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    )
+    model.to(dtype)
+    assert applies(model.markov_head, None) and not applies(model.markov_head, torch.zeros(1))
+    gen = torch.Generator().manual_seed(5)
+    n = 6
+    hidden = torch.randn(n * BLOCK, HIDDEN, generator=gen).to(dtype)
+    anchor = torch.randint(0, VOCAB, (n,), generator=gen)
+    with torch.inference_mode():
+        base, _ = model.compute_base_logits(hidden)
+    base = base.view(n, BLOCK, -1).clone()
+    ids = vocab.ids
+    # Row 1: exact ties over the whole map at every position (the bias decides, and where
+    # it ties too the lowest id wins). Row 2: coarse values, many ties. Row 3: NaNs.
+    # Row 4: every mapped base at 256, where bfloat16's step is 2: base + bias ties only
+    # after the rounding to the step dtype, which must happen before the argmax.
+    base[1][:, ids] = 0.0
+    base[2][:, ids] = (base[2][:, ids].float() * 0.5).round().to(dtype)
+    base[3, 1, ids[[7, 3]]] = float("nan")
+    base[4][:, ids] = 256.0
+    want, got = _draft_blocks(model, base, anchor, hidden.view(n, BLOCK, -1))
+    assert torch.equal(got, want)
+    assert int(got[3, 1]) == int(ids[3])  # the first NaN of the row
+    # With a zero W2 every mapped token ties at every position of row 1: the lowest id.
+    with torch.no_grad():
+        model.markov_head.markov_w2.weight.zero_()
+    want, got = _draft_blocks(model, base, anchor, hidden.view(n, BLOCK, -1))
+    assert torch.equal(got, want)
+    assert bool((got[1] == ids[0]).all())
+    assert set(got.flatten().tolist()) <= set(ids.tolist())
+
+
 @pytest.mark.parametrize("markov", ["vanilla", "rnn"])
 def test_greedy_map_drafts_as_the_narrowed_drafter_only_under_the_argmax_draft(
     sglang_runtime: None,
