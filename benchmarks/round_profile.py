@@ -273,6 +273,24 @@ def run_engine(
     return out
 
 
+def demo_plan_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The ``demo`` flags ``plan_demo`` reads, from this benchmark's own."""
+    return argparse.Namespace(
+        drafter=args.drafter,
+        seed=args.seed,
+        policy=args.policy,
+        sts=args.sts if args.policy else None,
+        cost_table=args.cost_table,
+        static_k=args.static_k,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.new_tokens,
+        threads=args.threads,
+        dtype=args.dtype,
+        passes=None,  # this benchmark times its own passes (--repeats)
+        concurrency=args.concurrency,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
@@ -336,21 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)
     model_path = Path(ensure_smollm2())
     with tempfile.TemporaryDirectory(prefix="round_profile-") as tmp:
-        demo_args = argparse.Namespace(
-            drafter=args.drafter,
-            seed=args.seed,
-            policy=args.policy,
-            sts=args.sts if args.policy else None,
-            cost_table=args.cost_table,
-            static_k=args.static_k,
-            num_prompts=args.num_prompts,
-            max_new_tokens=args.new_tokens,
-            threads=args.threads,
-            dtype=args.dtype,
-            passes=None,  # this benchmark times its own passes (--repeats)
-            concurrency=args.concurrency,
-        )
-        plan = plan_demo(demo_args, model_path, args.drafter, Path(tmp), console)
+        plan = plan_demo(demo_plan_args(args), model_path, args.drafter, Path(tmp), console)
         if not plan.trained:
             raise SystemExit(f"round_profile: {args.drafter} holds no drafter checkpoint")
         _, tokenizer = _target_spec(plan.model_path)

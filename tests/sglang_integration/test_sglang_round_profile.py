@@ -296,3 +296,32 @@ def test_cli_rejects_bad_flags_before_starting_anything(capsys: pytest.CaptureFi
             bench.main(argv)
         assert exc.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_the_benchmarks_flags_make_a_demo_plan(smollm2_path: Path, tmp_path: Path) -> None:
+    """``plan_demo`` reads every field it needs from the benchmark's flags (no engine)."""
+    import argparse
+
+    from rich.console import Console
+
+    from dspark_sglang.sglang_integration.demo import plan_demo
+    from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
+
+    args = argparse.Namespace(
+        drafter=DEFAULT_DRAFTER_DIR,
+        seed=0,
+        policy=None,
+        sts=None,
+        cost_table=None,
+        static_k=None,
+        num_prompts=2,
+        new_tokens=8,
+        threads=1,
+        dtype="float32",
+        concurrency=2,
+    )
+    plan = plan_demo(
+        bench.demo_plan_args(args), smollm2_path, DEFAULT_DRAFTER_DIR, tmp_path, Console()
+    )
+    assert plan.trained and len(plan.prompts) == 2
+    assert (plan.concurrency, plan.max_new_tokens, plan.omp_threads) == (2, 8, 1)
