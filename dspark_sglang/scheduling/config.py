@@ -136,6 +136,15 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         (``sglang_integration.requests``), so such a tier never runs rejection
         sampling. It also turns on SGLang's argmax draft
         (``SGLANG_DSPARK_USE_GREEDY_DRAFT``, see ``greedy_draft``).
+    ``ragged_mode`` (``cap-accept`` or ``compact``, optional; not with ``verify_all``)
+        How SGLang runs a verify of per-request lengths
+        (``SGLANG_RAGGED_VERIFY_MODE``, :attr:`ragged_verify_mode`). ``cap-accept``
+        (unset) verifies every request's whole block and caps acceptance at the
+        chosen length: the shape a CUDA graph captures, so on a GPU the verify costs
+        the same whatever the policy chose. ``compact`` verifies only the chosen
+        drafts: where nothing is captured (a CPU engine) a shorter verify is a
+        cheaper one, which is what a policy that trims drafts is for.
+        ``verify_all`` always runs SGLang's ``static`` mode.
     ``draft_step_seconds`` (float >= 0, seconds, optional; ``prefix`` and ``lagged`` only)
         Time of one speculative step outside the target's forward (the draft
         pass), added to the cost table's step time at every batch size
@@ -165,6 +174,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     greedy_only: bool = False
     startup_profile: bool | None = None
     draft_step_seconds: float | None = None
+    ragged_mode: RaggedVerifyMode | None = None
 
     def __post_init__(self) -> None:
         # Types are re-checked here because direct construction bypasses msgspec's decoder.
@@ -222,6 +232,23 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         if not isinstance(self.greedy_only, bool):
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
         self._check_draft_step_seconds()
+        self._check_ragged_mode()
+
+    def _check_ragged_mode(self) -> None:
+        mode = self.ragged_mode
+        if mode is None:
+            return
+        if mode not in ("cap-accept", "compact"):
+            raise ConfigError(
+                f"ragged_mode must be 'cap-accept', 'compact' or omitted, got {mode!r} "
+                "('static' is what policy verify_all runs, set by the policy itself)"
+            )
+        if self.policy == "verify_all":
+            raise ConfigError(
+                f"ragged_mode={mode!r} with policy 'verify_all': verify_all verifies the whole "
+                "block in SGLang's static mode; remove ragged_mode or choose a policy that "
+                "picks per-request lengths"
+            )
 
     def _check_draft_step_seconds(self) -> None:
         d = self.draft_step_seconds
@@ -264,13 +291,15 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         """The ``SGLANG_RAGGED_VERIFY_MODE`` this policy needs.
 
         ``verify_all`` verifies the whole block, which is SGLang's ``static`` path;
-        every other policy picks per-request lengths, which needs a ragged mode.
-        ``cap-accept`` verifies the block and caps acceptance at the chosen length,
-        safe with CUDA graphs; ``compact`` (also accepted at start-up) verifies
-        only the chosen tokens. The Helm chart renders the same rule
-        (``dspark.raggedVerifyMode``).
+        every other policy picks per-request lengths, which needs a ragged mode:
+        the config's ``ragged_mode``, unset ``cap-accept`` (verifies the block and
+        caps acceptance at the chosen length, safe with CUDA graphs); ``compact``
+        verifies only the chosen tokens. The Helm chart renders the same rule
+        (``dspark.raggedVerifyMode``; its tiers leave ``ragged_mode`` unset).
         """
-        return "static" if self.policy == "verify_all" else "cap-accept"
+        if self.policy == "verify_all":
+            return "static"
+        return self.ragged_mode or "cap-accept"
 
     @property
     def greedy_draft(self) -> bool:

@@ -393,7 +393,9 @@ def write_scheduler_config(
     The config sets ``greedy_only`` (default): every demo request is greedy
     (``check_sglang_flags`` refuses ``--temperature`` above 0), so the tier
     drafts by argmax (``SchedulerConfig.greedy_draft``); a caller that also
-    sends sampled requests passes ``greedy_only=False``. ``engine_dtype`` is
+    sends sampled requests passes ``greedy_only=False``. A policy that picks
+    per-request lengths runs in SGLang's ``compact`` ragged mode (``ragged_mode``):
+    the demo's engines run on CPU. ``engine_dtype`` is
     what the engines run in; a cost table measured in
     another one is used, with a warning.
     """
@@ -427,6 +429,9 @@ def write_scheduler_config(
         cost_table_path=str(Path(args.cost_table).resolve()) if args.cost_table else None,
         sts_path=str(Path(sts).resolve()) if sts is not None else None,
         greedy_only=greedy_only,
+        # CPU engines capture no graphs: verifying only the drafts the policy chose
+        # is cheaper than verifying the block and capping acceptance.
+        ragged_mode=None if args.policy == "verify_all" else "compact",
     )
     path = workdir / "scheduler.yaml"
     cfg.save(path)

@@ -121,6 +121,12 @@ def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
             f"the whole block, no confidences); set {RAGGED_MODE_ENV}=cap-accept or compact "
             "(the Helm chart sets it from the tier's policy)"
         )
+    if cfg.ragged_mode is not None and mode != cfg.ragged_mode:
+        raise LaunchError(
+            f"{CONFIG_ENV}={source} asks for ragged_mode={cfg.ragged_mode!r}, but "
+            f"{RAGGED_MODE_ENV} is {mode!r}; set {RAGGED_MODE_ENV}={cfg.ragged_mode} "
+            "(launch.scheduler_env does) or remove ragged_mode from the config"
+        )
 
 
 def drafter_heads(folder: str | Path) -> tuple[int, int]:

@@ -62,7 +62,7 @@ from dspark_sglang.sglang_integration.launch import (
     check_config,
     check_sts_block_size,
 )
-from dspark_sglang.sglang_integration.verify_tier import fit_to_budget
+from dspark_sglang.sglang_integration.verify_tier import fit_to_budget, sizes_graph_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +339,9 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
     After a drafter exception (``fallback.FORCE_PLAIN_ATTR``) every request verifies
     only its anchor, whoever decides otherwise; rows the fault guard folded for
     non-finite output (``fallback.PLAIN_ROWS_ATTR``) verify only theirs (``torch.where``).
-    In compact mode our lengths are trimmed to the step's CUDA-graph token tier
-    (``verify_tier.fit_to_budget``).
+    In compact mode with ragged verify graphs our lengths are trimmed to the step's
+    CUDA-graph token tier (``verify_tier.fit_to_budget``); without graphs (CPU) the
+    verify is laid out as exactly our lengths, so they stand.
     The lengths go through SGLang's TP sync so all ranks verify the same layout.
     """
     from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
@@ -357,7 +358,7 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
     confidence = kw.get("confidence")
     ours = decider is not None and confidence is not None
     lens = decider.verify_lens(confidence, kw["device"]) if ours else original(planner, **kw)
-    if ours and planner.is_compact_mode:
+    if ours and planner.is_compact_mode and sizes_graph_tiers(planner):
         # The CUDA-graph tier is sized from SGLang's budget, not from our lengths.
         with sync_probe.sync_free("schedule_verify_lens_hook.fit_to_budget"):
             lens = fit_to_budget(

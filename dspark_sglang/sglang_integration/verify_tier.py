@@ -20,7 +20,8 @@ What SGLang 0.5.23 does (``dspark_components/dspark_planner.py``,
 
 What we do, without patching SGLang:
 
-* :func:`fit_to_budget` (called by the planner hook) trims our lengths to
+* :func:`fit_to_budget` (called by the planner hook where ragged verify graphs are
+  replayed, :func:`sizes_graph_tiers`) trims our lengths to
   ``sum(verify_len) <= N * floor + budget``, the tier's lower bound, so they fit
   whatever graph SGLang picks for the step. It drops the drafts with the lowest
   survival ``prod(c_1..c_j)`` first (survival never rises along a block, so the
@@ -79,6 +80,20 @@ def fit_to_budget(
     keep = (chosen.sum() - excess).clamp(min=0)
     kept = chosen & (rank.view(b, n).t() < keep)
     return (kept.sum(dim=1) + 1).to(dtype=torch.int32)
+
+
+def sizes_graph_tiers(planner: Any) -> bool:
+    """Whether the planner's model runner replays ragged verify graphs (then a tier binds).
+
+    Without them (a CPU engine, ``--disable-cuda-graph``) SGLang lays the verify out
+    as exactly ``sum(verify_lens)`` tokens (``verify_layout_grid``: no graph floor, no
+    padding), so there is no tier for our lengths to fit and none are trimmed.
+    """
+    from sglang.srt.speculative.dspark_components.dspark_planner import (
+        ragged_capture_num_tokens,
+    )
+
+    return ragged_capture_num_tokens(model_runner=planner.model_runner) is not None
 
 
 def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:

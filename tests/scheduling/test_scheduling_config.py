@@ -128,6 +128,26 @@ def test_sglang_settings_derive_from_the_policy(policy: str) -> None:
     assert c.ragged_verify_mode == ("static" if policy == "verify_all" else "cap-accept")
 
 
+@pytest.mark.parametrize("mode", ["cap-accept", "compact"])
+def test_ragged_mode_picks_the_verify_layout_of_per_request_policies(mode: str) -> None:
+    c = SchedulerConfig.from_dict({"block_size": 7, "policy": "mtp1", "ragged_mode": mode})
+    assert c.ragged_verify_mode == mode
+    assert SchedulerConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize(
+    ("data", "msg"),
+    [
+        ({"policy": "verify_all", "ragged_mode": "compact"}, "verify_all verifies the whole block"),
+        ({"policy": "mtp1", "ragged_mode": "static"}, "ragged_mode must be 'cap-accept'"),
+        ({"policy": "mtp1", "ragged_mode": "ragged"}, "ragged_mode"),
+    ],
+)
+def test_bad_ragged_modes_are_refused(data: dict[str, object], msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        SchedulerConfig.from_dict({"block_size": 7, **data})
+
+
 @pytest.mark.parametrize("greedy_only", [False, True])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_argmax_draft_exactly_on_greedy_only_tiers(policy: str, greedy_only: bool) -> None:

@@ -115,8 +115,10 @@ def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path)
     assert cfg.sts_path == str((drafter / STS_FILENAME).resolve())
     # The demo sends only greedy requests: its tier is greedy-only, so it drafts by argmax.
     assert cfg.greedy_only and cfg.greedy_draft
+    # The demo's engines run on CPU: only the chosen drafts are verified.
+    assert cfg.ragged_mode == "compact"
     env = {
-        "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
+        "SGLANG_RAGGED_VERIFY_MODE": "compact",
         "SGLANG_DSPARK_USE_GREEDY_DRAFT": "1",
         "DSPARK_SCHEDULER_CONFIG": str(path),
     }

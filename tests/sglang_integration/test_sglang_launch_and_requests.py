@@ -54,6 +54,14 @@ def test_scheduler_config_must_fit_the_drafter_and_the_mode(tmp_path: Path) -> N
         launch.GREEDY_DRAFT_ENV: "0",
     }
     assert launch.scheduler_env(env[launch.CONFIG_ENV])[launch.RAGGED_MODE_ENV] == "cap-accept"
+    # A config that names its ragged mode gets exactly that mode.
+    compact = _config(tmp_path, ragged_mode="compact")
+    assert launch.scheduler_env(compact)[launch.RAGGED_MODE_ENV] == "compact"
+    launch.check_server_args(8, str(DRAFTER), launch.scheduler_env(compact))
+    with pytest.raises(launch.LaunchError, match="asks for ragged_mode='compact'"):
+        launch.check_server_args(
+            8, str(DRAFTER), {launch.CONFIG_ENV: compact, launch.RAGGED_MODE_ENV: "cap-accept"}
+        )
 
 
 def test_argmax_draft_is_on_exactly_for_greedy_only_configs(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 with one DSPARK_MOE engine on CPU.
 
 The engine: DSPARK_MOE with SGLang's dense draft (random weights), ragged
-verify in ``cap-accept`` mode (per-request verify lengths; the confidence head
-exists), ``DSPARK_SCHEDULER_CONFIG`` selecting ``static`` with ``k=2``, a
+verify in ``compact`` mode, as the config's ``ragged_mode`` asks (per-request verify
+lengths, only the chosen drafts verified: what our CPU tiers run; the chart's
+``cap-accept`` tiers run in ``tests/deploy/test_chart_to_server.py``),
+``DSPARK_SCHEDULER_CONFIG`` selecting ``static`` with ``k=2``, a
 test-only fault injection making every 3rd draft forward raise, and
 ``enable_metrics`` so our metrics land in SGLang's Prometheus multiprocess
 directory. The worker's decision log records what our policy decided and
@@ -34,6 +36,7 @@ from prom_samples import read_metrics
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
+from dspark_sglang.sglang_integration.launch import scheduler_env
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -57,6 +60,7 @@ def moe_run(
         sla_name="test",
         startup_profile=True,
         max_verify_tokens=STARTUP_CAP,
+        ragged_mode="compact",
     ).save(cfg)
     log = tmp / "decisions.jsonl"
     prom = tmp / "prom"
@@ -70,8 +74,7 @@ def moe_run(
             "enable_metrics": True,
         },
         env={
-            "SGLANG_RAGGED_VERIFY_MODE": "cap-accept",
-            "DSPARK_SCHEDULER_CONFIG": str(cfg),
+            **scheduler_env(cfg),
             "DSPARK_DECISION_LOG": str(log),
             "DSPARK_FAULT_INJECT_EVERY": str(FAULT_EVERY),
             "PROMETHEUS_MULTIPROC_DIR": str(prom),
@@ -82,7 +85,7 @@ def moe_run(
         samples = read_metrics(prom)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     table = tmp / "decisions.startup_cost_table.json"
-    return {"outs": outs, "records": records, "metrics": samples, "table": table}
+    return {"outs": outs, "records": records, "metrics": samples, "table": table, "env": spec.env}
 
 
 def _steps(run: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -93,6 +96,7 @@ def _steps(run: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], list[
 
 
 def test_policy_lengths_are_the_lengths_sglang_verified(moe_run: dict[str, Any]) -> None:
+    assert moe_run["env"]["SGLANG_RAGGED_VERIFY_MODE"] == "compact"
     decided, used, plain = _steps(moe_run)
     assert all(r["policy"] == f"static(k={STATIC_K})" for r in moe_run["records"] if "policy" in r)
     assert {x for lens in decided for x in lens} == {STATIC_K + 1}

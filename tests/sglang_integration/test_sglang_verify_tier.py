@@ -46,8 +46,9 @@ def _published(**server_args: Any) -> Any:
     return create_context(args, role="test", ranks=SpawnRanks(world_rank=0))
 
 
-def _planner() -> Any:
-    """SGLang's planner with the graph tiers its CUDA-graph runner would capture."""
+def _planner(*, graphs: bool = True) -> Any:
+    """SGLang's planner with the graph tiers its CUDA-graph runner would capture, or
+    (``graphs=False``) with no graph runner, as on a CPU engine."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
         DecodeCudaGraphRunner,
     )
@@ -72,7 +73,9 @@ def _planner() -> Any:
     return DSparkVerifyPlanner(
         draft_model=types.SimpleNamespace(confidence_head=torch.nn.Identity()),
         gamma=BLOCK,
-        model_runner=types.SimpleNamespace(decode_cuda_graph_runner=runner, req_to_token_pool=pool),
+        model_runner=types.SimpleNamespace(
+            decode_cuda_graph_runner=runner if graphs else None, req_to_token_pool=pool
+        ),
         device=torch.device("cpu"),
         tp_rank=0,
         verify_num_draft_tokens=WIDTH,
@@ -176,6 +179,35 @@ def test_compact_lengths_fit_the_graph_tier_sglang_sized(hooked: None, tmp_path:
     dropped = (pos < (wanted - 1).unsqueeze(1)) & ~kept
     assert bool(dropped.any())
     assert float(surv[kept].min()) >= float(surv[dropped].max())
+
+
+def test_without_graphs_the_policys_lengths_stand_and_the_verify_is_exactly_them(
+    hooked: None, tmp_path: Path
+) -> None:
+    """The same small SGLang budget on an engine without graphs (CPU): there is no tier to
+    fit, SGLang lays out exactly the lengths it is given, so ours are not trimmed."""
+    from sglang.srt.runtime_context import use_context
+
+    table = tmp_path / "sps.json"
+    table.write_text(
+        json.dumps(
+            {
+                "sample_batch_tokens": [1, N + 2],
+                "sample_steps_per_sec": [100.0, 1.0],
+                "max_batch_tokens": max(GRAPH_BS) * WIDTH,
+            }
+        )
+    )
+    with use_context(_published(speculative_dspark_sps_table_path=str(table))):
+        planner = _planner(graphs=False)
+        cfg = SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK)
+        decider = _attach(planner, cfg)
+        confidence = _confidence(0)
+        wanted = decider.policy.decide(confidence) + 1
+        layout = _step(planner, confidence)
+
+    assert layout.verify_lens.tolist() == wanted.tolist() == [WIDTH] * N
+    assert int(layout.verify_lens.sum()) == layout.graph_num_tokens == N * WIDTH
 
 
 def test_verify_all_shortcut_does_not_bypass_the_policy(hooked: None) -> None:
