@@ -30,13 +30,10 @@ even if it differed; it is held to identical drafts anyway (tested against SGLan
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 #: SGLang's per-position draft step, wrapped by :func:`reduced_greedy_step`.
 DRAFT_STEP = "sglang.srt.speculative.dspark_components.dspark_draft._draft_step"
