@@ -22,10 +22,12 @@ set's cells in grid order (concurrency-major, then temperature), takes the set's
 ``j*n .. j*n+n-1``, so a set needs ``n`` x (concurrency levels x temperatures) prompts and
 the run stops with an error naming the flags when it has fewer. Every engine gets the same
 prompts in the same cell, so each plain-vs-speculative comparison stays paired. A cell at
-concurrency ``c`` sends its prompts in ``ceil(n / c)`` calls of ``engine.generate`` with
-exactly ``c`` prompts each (call ``k`` takes the cell's prompts ``k*c .. k*c+c-1``,
-wrapping round to its first ones to fill the last call), so ``c`` requests are in flight
-at once; its tokens/s is the tokens generated over the summed wall time of those calls.
+concurrency ``c`` keeps ``c`` requests in flight (``engine.generate_in_flight``: SGLang's
+``async_generate``, the next prompt sent as soon as a request finishes, in prompt order),
+as a server under ``c`` concurrent clients; its tokens/s is the tokens generated over the
+cell's wall time. (Batches of ``c`` prompts, each waiting for its slowest request, would
+charge a speculative engine, whose requests finish in different numbers of rounds, for
+stragglers that plain decoding never has.)
 ``--max-new-tokens`` (default 64) per request, EOS ignored, so every engine generates the
 same number of tokens. Temperature 0 is greedy; temperature > 0 samples with no top-k /
 top-p, the engines seeded with ``--seed``.
@@ -161,18 +163,15 @@ def rotated(items: Sequence[Any], repeat: int) -> list[Any]:
     return [*items[k:], *items[:k]]
 
 
-def cell_batches(num_prompts: int, concurrency: int) -> list[list[int]]:
-    """Prompt indices of each ``generate`` call of a cell: ``concurrency`` per call, every
-    prompt at least once, the last call filled up by wrapping round to the first prompts."""
+def check_cell_size(num_prompts: int, concurrency: int) -> None:
+    """A cell must hold at least ``concurrency`` prompts, or it never has that many in flight."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if num_prompts < concurrency:
         raise ValueError(
-            f"{num_prompts} prompts cannot fill a call of {concurrency}: --prompts-per-cell "
-            "must be at least the highest --concurrency"
+            f"{num_prompts} prompts cannot keep {concurrency} requests in flight: "
+            "--prompts-per-cell must be at least the highest --concurrency"
         )
-    calls = math.ceil(num_prompts / concurrency)
-    return [[(k * concurrency + j) % num_prompts for j in range(concurrency)] for k in range(calls)]
 
 
 def cell_prompt_slices(cells: Sequence[Cell], per_cell: int) -> dict[Cell, range]:
@@ -650,7 +649,11 @@ def run_engine(
     computes, untimed, the target's best tokens along its outputs (``demo.target_top_tokens``).
     """
     from dspark_sglang.sglang_integration.demo import EngineRun, target_top_tokens
-    from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
+    from dspark_sglang.sglang_integration.engine import (
+        cpu_engine,
+        generate_in_flight,
+        generate_outputs,
+    )
 
     out: dict[Cell, Any] = {}
     t0 = time.perf_counter()
@@ -661,15 +664,13 @@ def run_engine(
         for cell in cells:
             own = prompts[cell]
             generate_outputs(engine, [list(p) for p in own], 1)  # untimed: prefills cached
-            outputs: list[dict[str, Any]] = []
-            sent: list[list[int]] = []  # the prompt of each output, in order
-            wall = 0.0
-            for batch in cell_batches(len(own), cell.concurrency):
-                ids = [list(own[i]) for i in batch]
-                start = time.perf_counter()
-                outputs += generate_outputs(engine, ids, max_new_tokens, sampling(cell.temperature))
-                wall += time.perf_counter() - start
-                sent += ids
+            check_cell_size(len(own), cell.concurrency)
+            sent = [list(p) for p in own]
+            start = time.perf_counter()
+            outputs = generate_in_flight(
+                engine, sent, max_new_tokens, cell.concurrency, sampling(cell.temperature)
+            )
+            wall = time.perf_counter() - start
             tops: tuple[Any, ...] = ()
             if engine_def.algorithm == PLAIN and cell.temperature == 0:
                 tops = target_top_tokens(engine, sent, [o["output_ids"] for o in outputs])
@@ -748,8 +749,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cell": "each cell its own prompts: cell j of a set (grid order: concurrency, "
                 "then temperature) sends the set's prompts j*n .. j*n+n-1 (n = "
                 "prompts_per_cell; prompt_indices), the same for every engine; concurrency c: "
-                "ceil(n / c) generate calls of exactly c prompts (wrapping round); tok/s = "
-                "tokens / summed wall time of the calls",
+                "c requests in flight, the next prompt sent as one finishes (async_generate); "
+                "tok/s = tokens / wall time of the cell",
                 "order": "each repeat starts every engine once, never two alive, in an order "
                 "rotated by one per repeat; untimed warm-up per temperature, then every cell; "
                 "right before each cell an untimed one-token pass over its prompts puts their "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,43 @@ def generate_outputs(
     }
     params.update(sampling or {})
     return list(engine.generate(input_ids=prompts, sampling_params=params))
+
+
+def generate_in_flight(
+    engine: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    concurrency: int,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """``generate_outputs`` for ``prompts`` with ``concurrency`` requests in flight at all times.
+
+    A serving load, not a batch: a request is sent as soon as one of the ``concurrency``
+    in flight finishes (SGLang's ``async_generate`` on the engine's own event loop), so
+    requests that finish in fewer rounds free their slot for the next prompt instead of
+    waiting for the slowest of a batch. Outputs come back in prompt order.
+    """
+    import asyncio
+
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    params: dict[str, Any] = {
+        "temperature": 0.0,
+        "max_new_tokens": max_new_tokens,
+        "ignore_eos": True,
+    }
+    params.update(sampling or {})
+
+    async def run() -> list[dict[str, Any]]:
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(ids: Sequence[int]) -> dict[str, Any]:
+            async with slots:
+                return await engine.async_generate(input_ids=list(ids), sampling_params=params)
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    return engine.loop.run_until_complete(run())
 
 
 def generate_ids(

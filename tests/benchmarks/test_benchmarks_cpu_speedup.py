@@ -86,19 +86,12 @@ def _runs(spec_outputs_repeat_1: tuple[tuple[int, ...], ...] = SAME) -> dict[str
 # ------------------------------------------------------------------ grid and order
 
 
-def test_cell_batches_keep_exactly_concurrency_in_flight_and_cover_every_prompt() -> None:
-    assert bench.cell_batches(8, 1) == [[i] for i in range(8)]
-    assert bench.cell_batches(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert bench.cell_batches(8, 8) == [list(range(8))]
-    assert bench.cell_batches(8, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 0]]
-    for n, c in ((5, 2), (7, 7), (9, 4)):
-        calls = bench.cell_batches(n, c)
-        assert all(len(call) == c for call in calls)
-        assert {i for call in calls for i in call} == set(range(n))
+def test_a_cell_must_hold_its_concurrency() -> None:
+    bench.check_cell_size(8, 8)
     with pytest.raises(ValueError, match="prompts-per-cell"):
-        bench.cell_batches(2, 4)
+        bench.check_cell_size(2, 4)
     with pytest.raises(ValueError, match="concurrency"):
-        bench.cell_batches(2, 0)
+        bench.check_cell_size(2, 0)
 
 
 def test_every_cell_of_a_set_gets_its_own_prompts_in_grid_order() -> None:

@@ -45,3 +45,37 @@ def test_demo_passes_start_from_an_empty_radix_cache(
     assert cached() > 0  # the same prompt again, no flush: served from the cache
     flush_radix_cache(plain_engine)
     assert cached() == 0
+
+
+def test_in_flight_requests_never_exceed_the_concurrency_and_come_back_in_order(
+    plain_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    """``generate_in_flight`` on the real engine: its greedy outputs are the batch call's,
+    in prompt order, and at most ``concurrency`` requests are ever awaiting SGLang (the
+    engine's own ``async_generate``, counted around each call)."""
+    import asyncio
+
+    from dspark_sglang.sglang_integration.engine import generate_in_flight
+
+    prompts = prompt_ids[:5]
+    want = generate_ids(plain_engine, prompts, 6)
+    real = plain_engine.async_generate
+    live, peak = 0, 0
+
+    async def counted(**kw: Any) -> Any:
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        try:
+            await asyncio.sleep(0)  # let every waiting request try to enter
+            return await real(**kw)
+        finally:
+            live -= 1
+
+    plain_engine.async_generate = counted
+    try:
+        outs = generate_in_flight(plain_engine, prompts, 6, 2)
+    finally:
+        del plain_engine.async_generate
+    assert [list(o["output_ids"]) for o in outs] == want
+    assert peak == 2
