@@ -187,7 +187,11 @@ def run_load(
     spec: LoadSpec,
     headers: Mapping[str, str] | None = None,
 ) -> list[Outcome]:
-    """Drive ``spec.clients`` closed-loop clients for ``spec.duration_s``; every outcome."""
+    """Drive ``spec.clients`` closed-loop clients for ``spec.duration_s``; every outcome.
+
+    Every client sends at least one request, however late its thread starts: on a busy
+    machine a short run's deadline can pass before a client first looks at it.
+    """
     client = _Client(base_url, headers or {}, spec.timeout_s)
     deadline = time.monotonic() + spec.duration_s
     lock = threading.Lock()
@@ -198,7 +202,9 @@ def run_load(
     def loop(cid: int) -> None:
         rng = random.Random(spec.seed * 100_003 + cid)
         streamed = 0
-        while time.monotonic() < deadline:
+        first = True
+        while first or time.monotonic() < deadline:
+            first = False
             stream = rng.random() < spec.stream_fraction
             if spec.stream_fraction > 0 and every > 0 and cid % every == 0 and streamed == 0:
                 # These clients open with a streamed request: however slow the server, a
