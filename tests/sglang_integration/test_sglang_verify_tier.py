@@ -133,13 +133,9 @@ def _confidence(seed: int) -> torch.Tensor:
     return levels * (0.9 + 0.1 * torch.rand(N, BLOCK, generator=gen))
 
 
-def test_compact_lengths_fit_the_graph_tier_sglang_sized(hooked: None, tmp_path: Path) -> None:
-    """A profiled SPS table that makes SGLang's budget small: our verify-every-draft policy
-    is trimmed into the step's graph, lowest-survival drafts first, every anchor kept."""
-    from sglang.kernels.ops.speculative.ragged_verify_kernels import pad_verify_lens_to_bucket
-    from sglang.srt.runtime_context import use_context
-
-    # Steps/s falls off a cliff past N + 2 batch tokens: SGLang admits few drafts.
+def _steep_table(tmp_path: Path) -> Path:
+    """An SPS table whose steps/s falls off a cliff past N + 2 batch tokens: SGLang's own
+    budget then admits few drafts."""
     table = tmp_path / "sps.json"
     table.write_text(
         json.dumps(
@@ -150,6 +146,16 @@ def test_compact_lengths_fit_the_graph_tier_sglang_sized(hooked: None, tmp_path:
             }
         )
     )
+    return table
+
+
+def test_compact_lengths_fit_the_graph_tier_sglang_sized(hooked: None, tmp_path: Path) -> None:
+    """A profiled SPS table that makes SGLang's budget small: our verify-every-draft policy
+    is trimmed into the step's graph, lowest-survival drafts first, every anchor kept."""
+    from sglang.kernels.ops.speculative.ragged_verify_kernels import pad_verify_lens_to_bucket
+    from sglang.srt.runtime_context import use_context
+
+    table = _steep_table(tmp_path)
     with use_context(_published(speculative_dspark_sps_table_path=str(table))):
         planner = _planner()
         assert not planner.is_verify_all  # a profiled table: SGLang schedules itself
@@ -188,16 +194,7 @@ def test_without_graphs_the_policys_lengths_stand_and_the_verify_is_exactly_them
     fit, SGLang lays out exactly the lengths it is given, so ours are not trimmed."""
     from sglang.srt.runtime_context import use_context
 
-    table = tmp_path / "sps.json"
-    table.write_text(
-        json.dumps(
-            {
-                "sample_batch_tokens": [1, N + 2],
-                "sample_steps_per_sec": [100.0, 1.0],
-                "max_batch_tokens": max(GRAPH_BS) * WIDTH,
-            }
-        )
-    )
+    table = _steep_table(tmp_path)
     with use_context(_published(speculative_dspark_sps_table_path=str(table))):
         planner = _planner(graphs=False)
         cfg = SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK)
