@@ -238,7 +238,11 @@ def run_engine(
     prompts, ``concurrency`` requests in one batch at a time, each pass its own snapshot
     difference."""
     from dspark_sglang.sglang_integration.demo import EngineRun
-    from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
+    from dspark_sglang.sglang_integration.engine import (
+        cpu_engine,
+        generate_in_batches,
+        generate_outputs,
+    )
 
     label = spec.overrides.get("speculative_algorithm", "plain")
     out = []
@@ -249,13 +253,7 @@ def run_engine(
         for k in range(passes):
             before = settled_snapshot(path)
             t0 = time.perf_counter()
-            outputs = [
-                out
-                for i in range(0, len(prompts), concurrency)
-                for out in generate_outputs(
-                    engine, [list(p) for p in prompts[i : i + concurrency]], new
-                )
-            ]
+            outputs = generate_in_batches(engine, prompts, new, concurrency)
             wall = time.perf_counter() - t0
             after = settled_snapshot(path)
             out.append(

@@ -540,7 +540,11 @@ def run_engine(
     engine also computes, untimed, the target's best tokens along its outputs
     (``target_top_tokens``).
     """
-    from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
+    from dspark_sglang.sglang_integration.engine import (
+        cpu_engine,
+        generate_in_batches,
+        generate_outputs,
+    )
 
     sampling = {"ignore_eos": False}
     width = len(prompts) if concurrency is None else concurrency
@@ -567,10 +571,7 @@ def run_engine(
                 f"(timed pass {k + 1} of {passes})"
             ):
                 start = time.perf_counter()
-                out = []
-                for first in range(0, len(prompts), width):
-                    calls = [list(p) for p in prompts[first : first + width]]
-                    out += generate_outputs(engine, calls, max_new_tokens, sampling)
+                out = generate_in_batches(engine, prompts, max_new_tokens, width, sampling)
                 walls.append(time.perf_counter() - start)
             if k == 0:
                 outputs = out

@@ -150,13 +150,36 @@ def generate_outputs(
     Greedy and EOS-ignoring unless ``sampling`` says otherwise, so every request
     produces exactly ``max_new_tokens`` tokens (comparisons need equal lengths).
     """
-    params: dict[str, Any] = {
-        "temperature": 0.0,
-        "max_new_tokens": max_new_tokens,
-        "ignore_eos": True,
-    }
-    params.update(sampling or {})
+    params = _sampling_params(max_new_tokens, sampling)
     return list(engine.generate(input_ids=prompts, sampling_params=params))
+
+
+def _sampling_params(max_new_tokens: int, sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Greedy, EOS ignored, ``max_new_tokens``; then ``sampling``'s overrides."""
+    return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True} | dict(
+        sampling or {}
+    )
+
+
+def generate_in_batches(
+    engine: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    width: int,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """``generate_outputs`` in consecutive calls of ``width`` prompts, in prompt order.
+
+    Each call is one batch that waits for its slowest request (what a fixed batch size
+    measures); for a serving load use :func:`generate_in_flight`.
+    """
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    out: list[dict[str, Any]] = []
+    for first in range(0, len(prompts), width):
+        calls = [list(p) for p in prompts[first : first + width]]
+        out += generate_outputs(engine, calls, max_new_tokens, sampling)
+    return out
 
 
 def generate_in_flight(
@@ -177,12 +200,7 @@ def generate_in_flight(
 
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    params: dict[str, Any] = {
-        "temperature": 0.0,
-        "max_new_tokens": max_new_tokens,
-        "ignore_eos": True,
-    }
-    params.update(sampling or {})
+    params = _sampling_params(max_new_tokens, sampling)
 
     async def run() -> list[dict[str, Any]]:
         slots = asyncio.Semaphore(concurrency)

@@ -55,7 +55,7 @@ def test_in_flight_requests_never_exceed_the_concurrency_and_come_back_in_order(
     engine's own ``async_generate``, counted around each call)."""
     import asyncio
 
-    from dspark_sglang.sglang_integration.engine import generate_in_flight
+    from dspark_sglang.sglang_integration.engine import generate_in_batches, generate_in_flight
 
     prompts = prompt_ids[:5]
     want = generate_ids(plain_engine, prompts, 6)
@@ -79,3 +79,6 @@ def test_in_flight_requests_never_exceed_the_concurrency_and_come_back_in_order(
         del plain_engine.async_generate
     assert [list(o["output_ids"]) for o in outs] == want
     assert peak == 2
+    # The batched twin gives the same outputs, in the same order.
+    batched = generate_in_batches(plain_engine, prompts, 6, 2)
+    assert [list(o["output_ids"]) for o in batched] == want
