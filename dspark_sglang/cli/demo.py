@@ -34,10 +34,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=int,
         default=None,
-        help="--engine sglang: requests in flight at once; the prompts go to the engine in "
-        "calls of this many (default 1: one request at a time, the latency that speculative "
-        "decoding is for; larger batches make a verify of every draft cost more, and plain "
-        "decoding gains from the batch instead)",
+        help="--engine sglang: requests in flight at once; a prompt is sent as soon as one in "
+        "flight finishes, as from N clients (default 1: one request at a time, the latency "
+        "that speculative decoding is for; with more requests a verify of every draft costs "
+        "more, and plain decoding gains from the batch instead)",
     )
     p.add_argument(
         "--passes",
@@ -84,8 +84,8 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
             )
         if args.concurrency is not None:
             raise ValueError(
-                "--concurrency batches SGLang's engines (--engine sglang); the reference demo "
-                "decodes one prompt at a time"
+                "--concurrency sets the requests in flight in SGLang's engines (--engine "
+                "sglang); the reference demo decodes one prompt at a time"
             )
         if args.dtype == "bfloat16":
             raise ValueError(

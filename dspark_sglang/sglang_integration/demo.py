@@ -6,7 +6,7 @@ Why this exists: the README's first command must show what users actually run
 generator. The demo starts the engine twice, one after the other (two CPU
 engines at once would fight over 2 cores and skew both timings): first plain
 decoding, then DSPARK_MOE with the embedded drafter, on the same greedy chat
-prompts sent ``--concurrency`` at a time (one by default: speculative decoding
+prompts with ``--concurrency`` requests in flight (one by default: speculative decoding
 is for per-request latency), and prints per engine tokens/s (wall time of ``generate`` only, after
 a short warm-up on a different prompt so neither run pays first-call costs or
 hits the other's radix cache; ``--passes`` timed passes per engine, each from an
@@ -200,7 +200,7 @@ class DemoPlan:
     omp_threads: int
     #: Timed passes per engine (``--passes``); the report uses their median.
     passes: int
-    #: Requests in flight (``--concurrency``): each pass sends the prompts in calls of this many.
+    #: Requests in flight (``--concurrency``): each pass keeps this many in flight.
     concurrency: int
     #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG`` (``--policy``), else None:
     #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
@@ -530,10 +530,11 @@ def run_engine(
 ) -> EngineRun:
     """Start one CPU engine, warm it up, time ``passes`` passes of greedy ``generate`` calls.
 
-    A pass sends the prompts in calls of ``concurrency`` prompts (all at once when None),
-    one call after the other, and its wall time is the pass's. The figures are the first
-    pass's outputs and the median wall time; a later pass whose outputs differ from the
-    first's is counted (``differing_passes``).
+    A pass keeps ``concurrency`` requests in flight (all prompts at once when None): a
+    request is sent as soon as one in flight finishes (``engine.generate_in_flight``), as
+    a server under that many clients would see them; its wall time is the pass's. The
+    figures are the first pass's outputs and the median wall time; a later pass whose
+    outputs differ from the first's is counted (``differing_passes``).
 
     EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
     runs of both engines stop at the same token anyway. With ``top_tokens`` the
@@ -542,7 +543,7 @@ def run_engine(
     """
     from dspark_sglang.sglang_integration.engine import (
         cpu_engine,
-        generate_in_batches,
+        generate_in_flight,
         generate_outputs,
     )
 
@@ -567,11 +568,11 @@ def run_engine(
             # passes would not compute the same thing.
             flush_radix_cache(engine)
             with console.status(
-                f"{label}: generating {len(prompts)} prompts, {width} at a time "
+                f"{label}: generating {len(prompts)} prompts, {width} in flight "
                 f"(timed pass {k + 1} of {passes})"
             ):
                 start = time.perf_counter()
-                out = generate_in_batches(engine, prompts, max_new_tokens, width, sampling)
+                out = generate_in_flight(engine, prompts, max_new_tokens, width, sampling)
                 walls.append(time.perf_counter() - start)
             if k == 0:
                 outputs = out

@@ -219,7 +219,7 @@ def test_generate_policy_needing_a_cost_table_fails_clearly(
 
 def test_reference_demo_refuses_concurrency(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--engine", "reference", "--concurrency", "2"]) == 2
-    assert "--concurrency batches SGLang's engines" in capsys.readouterr().err
+    assert "--concurrency sets the requests in flight" in capsys.readouterr().err
 
 
 def test_reference_demo_refuses_passes(capsys: pytest.CaptureFixture[str]) -> None:
