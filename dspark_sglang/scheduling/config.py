@@ -152,8 +152,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         alone, but every speculative step pays the draft too, whatever the
         policy then verifies. A number is used as is; ``0`` keeps the
         target-only model. Unset: on a CPU worker the SGLang worker times the
-        draft pass of the first decode rounds and switches to the table plus
-        their median (``scheduler_bridge.DraftStepTimer``); on a GPU worker
+        draft pass of its decode rounds and switches to the table plus their
+        median, per batch size with an additive table such as the start-up one
+        on CPU (``scheduler_bridge.DraftStepTimer``); on a GPU worker
         nothing is timed (that would synchronise the device every step) and the
         target-only table is used, so set it from a profile there. Refused for
         policies that use no cost table (nothing would read it).

@@ -30,11 +30,15 @@ tables hit them).
 Both classes offer ``steps_per_sec(num_reqs, batch_tokens)``, the vectorised
 lookup the scheduling policies use (see ``CostModel``). ``with_fixed_step_cost``
 adds a fixed time to every step of a table (e.g. the draft pass of a speculative
-step, which the target's profile does not contain).
+step, which the target's profile does not contain); ``with_cost_per_request_count``
+adds one that depends on the number of requests (the draft pass at each batch size)
+to an additive table. ``additive_from_probes`` builds an additive table whose step
+time is linear between probes, for engines whose cost has no graph buckets (CPU).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Sequence
@@ -53,9 +57,11 @@ __all__ = [
     "CostTableError",
     "SpsAdditiveCostTable",
     "SpsCostTable",
+    "additive_from_probes",
     "from_probes",
     "load_cost_table",
     "parse_cost_table",
+    "with_cost_per_request_count",
     "with_fixed_step_cost",
 ]
 
@@ -436,19 +442,91 @@ def from_probes(
     are an error (median them first); ``max_batch_tokens`` defaults to the
     largest probe.
     """
-    if len(probes) == 0:
-        raise CostTableError("from_probes: no probes given; measure at least one batch size")
-    for i, p in enumerate(probes):
-        if not isinstance(p, Sequence) or isinstance(p, str | bytes) or len(p) != 2:
-            raise CostTableError(
-                f"from_probes: probe {i} must be a (batch_tokens, steps_per_sec) pair, got {p!r}"
-            )
-    ordered = sorted(probes, key=lambda p: p[0])
+    ordered = _check_probes("from_probes", probes, "batch_tokens")
     return SpsCostTable(
         sample_batch_tokens=tuple(p[0] for p in ordered),
         sample_steps_per_sec=tuple(p[1] for p in ordered),
         max_batch_tokens=ordered[-1][0] if max_batch_tokens is None else max_batch_tokens,
     )
+
+
+def _check_probes(who: str, probes: Sequence[tuple[int, float]], what: str) -> list[Any]:
+    """``probes`` sorted by their first item, after checking each is a pair."""
+    if len(probes) == 0:
+        raise CostTableError(f"{who}: no probes given; measure at least one {what}")
+    for i, p in enumerate(probes):
+        if not isinstance(p, Sequence) or isinstance(p, str | bytes) or len(p) != 2:
+            raise CostTableError(f"{who}: probe {i} must be a ({what}, value) pair, got {p!r}")
+    return sorted(probes, key=lambda p: p[0])
+
+
+def additive_from_probes(probes: Sequence[tuple[int, float]]) -> SpsAdditiveCostTable:
+    """An additive table whose step time is linear in tokens between the probes.
+
+    ``probes`` are ``(batch_tokens, steps_per_sec)`` pairs, any order, step times
+    non-decreasing in tokens (``startup_profile.non_increasing`` makes them so). For an
+    engine without CUDA graphs a forward costs what its rows cost, not what a captured
+    bucket costs, so a floor lookup (``SpsCostTable``) would price every token up to
+    the next probe at the smaller probe's rate and the token that reaches a probe with
+    the whole step between the two. Here ``bias_seconds`` is the smallest probe's step
+    time, ``theta_seconds`` each probe's step time minus it, and the request term is
+    zero (``bs_probes = (1,)``, ``alpha_seconds = (0.0,)``) until a per-request cost is
+    added (``with_cost_per_request_count``). The step time at every probe is its
+    measured one (up to float64 rounding), linear between probes, the last one's
+    beyond.
+    """
+    ordered = _check_probes("additive_from_probes", probes, "batch_tokens")
+    seconds = [1.0 / float(sps) for _, sps in ordered]
+    if any(later < earlier for earlier, later in itertools.pairwise(seconds)):
+        raise CostTableError(
+            "additive_from_probes: step times must not decrease with batch tokens, got "
+            f"{[(p[0], t) for p, t in zip(ordered, seconds, strict=True)]}; pool the probes "
+            "first (startup_profile.non_increasing)"
+        )
+    return SpsAdditiveCostTable(
+        bias_seconds=seconds[0],
+        bs_probes=(1,),
+        alpha_seconds=(0.0,),
+        m_probes=tuple(p[0] for p in ordered),
+        theta_seconds=tuple(t - seconds[0] for t in seconds),
+    )
+
+
+def with_cost_per_request_count(
+    table: SpsAdditiveCostTable, seconds: Sequence[tuple[int, float]]
+) -> SpsAdditiveCostTable:
+    """``table`` with ``d(n)`` seconds added to the step time of a batch of ``n`` requests.
+
+    ``seconds`` are ``(num_reqs, seconds)`` pairs; ``d`` is linear between them and
+    clamped at the ends, as the table's own request term is. The sum of two such
+    functions is linear between the union of their probes and constant beyond it, so
+    the new ``alpha_seconds`` at that union is exactly ``alpha + d``.
+    """
+    if not isinstance(table, SpsAdditiveCostTable):
+        raise TypeError(
+            "with_cost_per_request_count needs an SpsAdditiveCostTable (a staircase has no "
+            f"request dimension; use with_fixed_step_cost), got {type(table).__name__}"
+        )
+    ordered = _check_probes("with_cost_per_request_count", seconds, "num_reqs")
+    extra = SpsAdditiveCostTable(
+        bias_seconds=table.bias_seconds,  # only validates the pairs below
+        bs_probes=tuple(int(n) for n, _ in ordered),
+        alpha_seconds=tuple(float(d) for _, d in ordered),
+        m_probes=(1,),
+        theta_seconds=(0.0,),
+    )
+    union = sorted(set(table.bs_probes) | set(extra.bs_probes))
+    f64 = {"dtype": torch.float64}
+    at = torch.tensor(union, **f64)
+    alpha = _interp_clamped(
+        torch.tensor(table.bs_probes, **f64), torch.tensor(table.alpha_seconds, **f64), at
+    ) + _interp_clamped(
+        torch.tensor(extra.bs_probes, **f64), torch.tensor(extra.alpha_seconds, **f64), at
+    )
+    fields = msgspec.structs.asdict(table)
+    fields["bs_probes"] = tuple(union)
+    fields["alpha_seconds"] = tuple(float(a) for a in alpha)
+    return SpsAdditiveCostTable(**fields)
 
 
 def with_fixed_step_cost(table: CostTable, seconds: float) -> CostTable:

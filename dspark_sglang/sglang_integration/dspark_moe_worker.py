@@ -39,8 +39,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
       so a drafter error turns that step, and non-finite output the affected
       rows (on the device), into plain decoding instead of failing the batch.
     * Draft cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
-      the first decode rounds' draft passes are timed and their median is added to
-      the cost table (``scheduler_bridge.DraftStepTimer``); never on a GPU.
+      draft passes are timed and their median is added to the cost table, per batch
+      size with an additive table (``scheduler_bridge.DraftStepTimer``); never on a GPU.
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """

@@ -24,10 +24,13 @@ file. Unset keeps SGLang's own decision (logged once).
 Draft cost: the cost table profiles the target alone, but every speculative step
 also pays the draft pass. The config's ``draft_step_seconds`` adds it to the table
 (``policy_from_config``). Unset, a CPU worker measures it (:class:`DraftStepTimer`:
-host wall time of the first :data:`DRAFT_TIMING_ROUNDS` draft passes, then the
-median is added once); a GPU worker times nothing, because reading a host clock
-around device work would need a synchronisation every step, and logs that the
-target-only table is in use.
+host wall time of :data:`DRAFT_TIMING_ROUNDS` draft passes, then their median is
+added). The pass costs more the more requests it drafts for, so with an additive table
+(a start-up table on CPU, ``startup_profile``) it is measured per batch size and
+added as the table's request term, linear between the sizes seen so far; a staircase
+has no request term and gets the first size's median as a fixed cost. A GPU worker
+times nothing, because reading a host clock around device work would need a
+synchronisation every step, and logs that the target-only table is in use.
 """
 
 from __future__ import annotations
@@ -39,17 +42,19 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, SchedulerConfig
 from dspark_sglang.scheduling.cost_table import (
     CostTable,
-    SpsCostTable,
+    SpsAdditiveCostTable,
     load_cost_table,
+    with_cost_per_request_count,
     with_fixed_step_cost,
 )
 from dspark_sglang.scheduling.device_policies import device_twin
@@ -99,8 +104,9 @@ class VerifyDecider:
     #: The cost table the policy was built on, as loaded or profiled, before any
     #: ``draft_step_seconds`` (``None``: the policy uses no table).
     cost_table: CostTable | None = None
-    #: Draft-pass seconds measured by :class:`DraftStepTimer` (``None``: not measured).
-    measured_draft_step_seconds: float | None = None
+    #: Draft-pass seconds per batch size measured by :class:`DraftStepTimer`, in the
+    #: order measured (empty: not measured yet).
+    measured_draft_seconds: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.policy = device_twin(self.policy, self.device)
@@ -110,42 +116,71 @@ class VerifyDecider:
         """Whether the worker should time the draft pass (:class:`DraftStepTimer`).
 
         Only for a policy with a cost table, without ``draft_step_seconds`` in the
-        config, on a CPU device (there host timing costs no synchronisation).
+        config, on a CPU device (there host timing costs no synchronisation); with a
+        staircase table only until one batch size is measured (it has no request term).
         """
         return (
             self.cost_table is not None
             and self.config.draft_step_seconds is None
-            and self.measured_draft_step_seconds is None
+            and (self.times_per_batch_size or not self.measured_draft_seconds)
             and torch.device(self.device).type == "cpu"
         )
 
     @property
-    def draft_step_seconds(self) -> float | None:
-        """The draft-pass seconds the policy's table includes (``None``: target only)."""
-        if self.measured_draft_step_seconds is not None:
-            return self.measured_draft_step_seconds
-        return self.config.draft_step_seconds
+    def times_per_batch_size(self) -> bool:
+        """Whether the draft pass is priced per batch size (an additive table's request term)."""
+        return isinstance(self.cost_table, SpsAdditiveCostTable)
 
-    def add_draft_step_seconds(self, seconds: float, rounds: int) -> None:
-        """Rebuild the policy on the cost table plus ``seconds`` per step (once).
+    def draft_step_seconds(self, num_reqs: int) -> float | None:
+        """The draft-pass seconds the policy's table includes at ``num_reqs`` requests.
+
+        ``None``: the table is the target's alone (nothing set, nothing measured yet).
+        """
+        measured = self.measured_draft_seconds
+        if not measured:
+            return self.config.draft_step_seconds
+        if not self.times_per_batch_size:
+            return next(iter(measured.values()))
+        sizes = sorted(measured)
+        # Linear between the sizes measured, clamped beyond them: the table's request term.
+        return float(np.interp(num_reqs, sizes, [measured[n] for n in sizes]))
+
+    def add_draft_seconds(self, num_reqs: int, seconds: float, rounds: int) -> None:
+        """Rebuild the policy with the draft pass at ``num_reqs`` requests priced ``seconds``.
 
         Called by :class:`DraftStepTimer` between two decode rounds, with the median
-        draft time of ``rounds`` earlier rounds; logs the value on one INFO line.
+        draft time of ``rounds`` earlier rounds at that batch size; logs it on one INFO
+        line. An additive table gets every size measured so far as its request term
+        (``with_cost_per_request_count``), a staircase the first one as a fixed cost.
         """
         if self.cost_table is None:
-            raise ValueError("add_draft_step_seconds: this decider's policy uses no cost table")
-        table = with_fixed_step_cost(self.cost_table, seconds)
+            raise ValueError("add_draft_seconds: this decider's policy uses no cost table")
+        if num_reqs in self.measured_draft_seconds:
+            raise ValueError(f"add_draft_seconds: {num_reqs} request(s) already measured")
+        if self.measured_draft_seconds and not self.times_per_batch_size:
+            raise ValueError("add_draft_seconds: a staircase table takes one draft cost")
+        self.measured_draft_seconds[num_reqs] = seconds
+        if self.times_per_batch_size:
+            assert isinstance(self.cost_table, SpsAdditiveCostTable)
+            table: CostTable = with_cost_per_request_count(
+                self.cost_table, sorted(self.measured_draft_seconds.items())
+            )
+        else:
+            table = with_fixed_step_cost(self.cost_table, seconds)
         self.policy = device_twin(policy_from_config(self.config, cost_model=table), self.device)
-        self.measured_draft_step_seconds = seconds
         if self.records:
             logger.info(
-                "DSPARK_MOE: draft pass measured at %.6f s per step (median of %d decode "
-                "rounds); policy %s now adds it to the cost table's step time (set "
-                "draft_step_seconds in the scheduler config, Helm chart "
+                "DSPARK_MOE: draft pass measured at %.6f s per step with %d request(s) (median "
+                "of %d decode rounds); policy %s now adds it to the cost table's step time%s "
+                "(set draft_step_seconds in the scheduler config, Helm chart "
                 "slaTiers[].scheduler.draftStepSeconds, to use a fixed value)",
                 seconds,
+                num_reqs,
                 rounds,
                 self.policy.name,
+                " at that batch size, linear between the sizes measured"
+                if self.times_per_batch_size
+                else "",
             )
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -166,7 +201,7 @@ class VerifyDecider:
                 "confidence": given.tolist(),
                 "verify_lens": lens.tolist(),
                 # The draft pass the policy's table included (config or measured; None: none).
-                "draft_step_seconds": self.draft_step_seconds,
+                "draft_step_seconds": self.draft_step_seconds(int(confidence.shape[0])),
             }
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
@@ -190,12 +225,16 @@ class DraftStepTimer:
     """The proposer's ``propose`` (the draft pass), timed to measure ``draft_step_seconds``.
 
     Wraps ``propose`` (outside ``fallback.GuardedPropose``, so the fault guard's fold
-    is counted too) when :attr:`VerifyDecider.times_draft_step` holds. The first
-    ``rounds`` calls are timed with ``clock`` (host wall time; on a CPU worker the
-    work is done when the call returns). At the start of the next call, before that
-    round drafts, the decider rebuilds its policy once on the table plus the median
-    (:meth:`VerifyDecider.add_draft_step_seconds`); after that calls pass straight
-    through. Until then the policy uses the table as loaded.
+    is counted too) when :attr:`VerifyDecider.times_draft_step` holds. Calls are timed
+    with ``clock`` (host wall time; on a CPU worker the work is done when the call
+    returns) and grouped by their batch size (SGLang's ``bs`` argument). Once a size
+    has ``rounds`` timings, at the start of the next call, before that round drafts,
+    the decider rebuilds its policy with their median at that size
+    (:meth:`VerifyDecider.add_draft_seconds`); that size is then no longer timed. With a
+    staircase table the first size measured is the only one, and later calls pass
+    straight through; with an additive table every new size is measured the same way.
+    Until a size is measured the policy prices it from the sizes measured before (the
+    nearest, or linear between two), or with the table as loaded before the first.
 
     Non-anticipating: the switch happens between rounds, from timings of rounds that
     are already over, so whether a round's verify decision used the updated table
@@ -221,19 +260,25 @@ class DraftStepTimer:
         self.decider = decider
         self.rounds = rounds
         self.clock = clock
-        self.seconds: list[float] = []
+        #: Timings per batch size not measured yet (a size leaves once it is).
+        self.seconds: dict[int, list[float]] = {}
         self.done = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.done:
             return self.propose(*args, **kwargs)
-        if len(self.seconds) >= self.rounds:
+        for n in [n for n, t in self.seconds.items() if len(t) >= self.rounds]:
+            self.decider.add_draft_seconds(n, statistics.median(self.seconds.pop(n)), self.rounds)
+        if not self.decider.times_draft_step:
             self.done = True
-            self.decider.add_draft_step_seconds(statistics.median(self.seconds), self.rounds)
+            return self.propose(*args, **kwargs)
+        n = kwargs.get("bs")
+        if n is None or int(n) in self.decider.measured_draft_seconds:
+            # Measured already, or not SGLang's call (no batch size to attribute it to).
             return self.propose(*args, **kwargs)
         t0 = self.clock()
         out = self.propose(*args, **kwargs)
-        self.seconds.append(self.clock() - t0)
+        self.seconds.setdefault(int(n), []).append(self.clock() - t0)
         return out
 
 
@@ -248,7 +293,7 @@ def load_decider(
     env: dict[str, str] | None = None,
     *,
     tp_rank: int = 0,
-    profile: Callable[[SchedulerConfig], SpsCostTable] | None = None,
+    profile: Callable[[SchedulerConfig], CostTable] | None = None,
     device: torch.device | str = "cpu",
     step_metrics: metrics.StepMetrics | None = None,
 ) -> VerifyDecider | None:

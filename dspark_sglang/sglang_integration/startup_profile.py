@@ -1,10 +1,10 @@
-"""A small SPS staircase of the target, measured when the DSPARK_MOE worker starts.
+"""A small SPS table of the target, measured when the DSPARK_MOE worker starts.
 
 Why: without a cost table SGLang's planner sees a flat table and verifies every
 draft, and our ``prefix`` / ``lagged`` policies cannot rank drafts at all. When
 a tier names no ``cost_table_path`` (``SchedulerConfig.profiles_at_startup``),
 the worker times a few target forwards before serving and schedules with the
-resulting ``SpsCostTable``. Production tables still come from the fleet
+resulting cost table. Production tables still come from the fleet
 profiler (``dspark_sglang/profiling``, many more probes, refinement around
 cliffs, the real decode CUDA graphs); this one only keeps a tier from running
 blind.
@@ -18,9 +18,20 @@ order, warm-up, median of the timed steps) on a :class:`StepBackend`, and the
 step times are made non-decreasing in tokens (:func:`non_increasing`). When
 ``C > P`` one more point at ``C`` is extrapolated, not measured: step time
 grows linearly with the slope of the last two probes (:func:`extrapolate`),
-so large batches are not priced at the last probe's rate. The table is
-``cost_table.from_probes`` with ``max_batch_tokens = C``, so it passes the same
-validation as a loaded table and encodes byte-compatibly with SGLang's.
+so large batches are not priced at the last probe's rate.
+
+Which of SGLang's two table formats: where the target replays ragged verify CUDA
+graphs, a forward costs what its captured bucket costs, a staircase:
+``cost_table.from_probes`` (``SpsCostTable``, floor lookup) with ``max_batch_tokens
+= C``. Without them (a CPU engine, ``--disable-cuda-graph``) a forward costs what its
+rows cost, and a floor lookup would price the token that reaches a probe with the
+whole step from the probe below (at one request and probes 4 and 8: the seventh draft
+pays everything 4 -> 8 tokens costs, the fourth to sixth nothing), so ``prefix`` would
+stop before that token for no reason; there the table is ``cost_table.
+additive_from_probes`` (``SpsAdditiveCostTable``, step time linear between probes),
+to which the worker later adds the draft pass per request count
+(``scheduler_bridge.DraftStepTimer``). Either passes the same validation as a loaded
+table and encodes byte-compatibly with SGLang's.
 
 What one probe step is (:func:`runner_step_factory`): a forward of the target's
 own SGLang ``ModelRunner`` over ``ceil(b / (B+1))`` synthetic requests of ``B +
@@ -58,7 +69,13 @@ import torch
 from dspark_sglang.profiling.backend import BackendInfo, Step, verify_widths
 from dspark_sglang.profiling.measure import GridSpec, MeasureConfig, measure_staircase
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import SpsCostTable, from_probes
+from dspark_sglang.scheduling.cost_table import (
+    CostTable,
+    SpsAdditiveCostTable,
+    additive_from_probes,
+    from_probes,
+    parse_cost_table,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -169,15 +186,20 @@ def build_table(
     clock: Callable[[], float] = time.perf_counter,
     measure: MeasureConfig = STARTUP_MEASURE,
     max_probe: int = MAX_PROBE_TOKENS,
-) -> SpsCostTable:
-    """Time ``make_step(b)()`` at :func:`probe_points`; the staircase table up to ``cap``."""
+    linear: bool = False,
+) -> CostTable:
+    """Time ``make_step(b)()`` at :func:`probe_points`; the table up to ``cap``.
+
+    A staircase (``SpsCostTable``, ``max_batch_tokens = cap``), or with ``linear`` an
+    additive table linear between the probes (module doc: engines without graphs).
+    """
     top = min(probe_points(cap)[-1], max_probe)
     grid = GridSpec(max_tokens=top, points=probe_points(top), refine=False)
     probes = measure_staircase(StepBackend(make_step, top, clock), grid, measure)
     pairs = non_increasing([(p.batch_tokens, p.steps_per_sec) for p in probes])
     if cap > top:
         pairs.append(extrapolate(pairs, cap))
-    return from_probes(pairs, cap)
+    return additive_from_probes(pairs) if linear else from_probes(pairs, cap)
 
 
 def runner_step_factory(model_runner: Any, width: int, seed: int = 0) -> MakeStep:
@@ -237,19 +259,27 @@ def table_path(env: dict[str, str]) -> Path | None:
     return None
 
 
-def summary(table: SpsCostTable, seconds: float) -> str:
+def summary(table: CostTable, seconds: float) -> str:
     """One log line: probes, rates and the table's digest."""
-    pairs = ", ".join(
-        f"{b}:{s:.3g}"
-        for b, s in zip(table.sample_batch_tokens, table.sample_steps_per_sec, strict=True)
-    )
+    if isinstance(table, SpsAdditiveCostTable):
+        pairs = ", ".join(
+            f"{b}:{1.0 / (table.bias_seconds + t):.3g}"
+            for b, t in zip(table.m_probes, table.theta_seconds, strict=True)
+        )
+        shape = "linear between probes"
+    else:
+        pairs = ", ".join(
+            f"{b}:{s:.3g}"
+            for b, s in zip(table.sample_batch_tokens, table.sample_steps_per_sec, strict=True)
+        )
+        shape = f"staircase, max_batch_tokens={table.max_batch_tokens}"
     return (
-        f"startup SPS table in {seconds:.1f}s, max_batch_tokens={table.max_batch_tokens}, "
-        f"tokens:steps/s {pairs} (sha256 {digest(table)})"
+        f"startup SPS table in {seconds:.1f}s, {shape}, tokens:steps/s {pairs} "
+        f"(sha256 {digest(table)})"
     )
 
 
-def digest(table: SpsCostTable) -> str:
+def digest(table: CostTable) -> str:
     """First 12 hex digits of the SHA-256 of the table's JSON (as a file's would be)."""
     return hashlib.sha256(table.to_json().encode("utf-8")).hexdigest()[:12]
 
@@ -260,15 +290,22 @@ def profile_target(
     *,
     tp_rank: int = 0,
     env: dict[str, str] | None = None,
-) -> SpsCostTable:
+) -> CostTable:
     """Measure, share across TP ranks, log and write the start-up table for ``cfg``."""
+    from dspark_sglang.sglang_integration.verify_tier import replays_verify_graphs
+
     env = dict(os.environ) if env is None else env
     runner = target_worker.model_runner
     cap = verify_cap(cfg, int(runner.req_to_token_pool.size))
     t0 = time.perf_counter()
     with torch.no_grad():
         make_step = runner_step_factory(runner, cfg.num_draft_tokens)
-        table = build_table(make_step, cap, clock=clock_for(str(runner.device)))
+        table = build_table(
+            make_step,
+            cap,
+            clock=clock_for(str(runner.device)),
+            linear=not replays_verify_graphs(runner),
+        )
     seconds = time.perf_counter() - t0
     table = _share_rank0(table)
     if tp_rank == 0:
@@ -280,10 +317,11 @@ def profile_target(
     return table
 
 
-def _share_rank0(table: SpsCostTable) -> SpsCostTable:
+def _share_rank0(table: CostTable) -> CostTable:
     from sglang.srt.distributed.parallel_state import get_tp_group
 
     group = get_tp_group()
     if group.world_size <= 1:
         return table
-    return SpsCostTable.from_json(group.broadcast_object(table.to_json(), src=0))
+    shared = group.broadcast_object(table.to_json(), src=0)
+    return parse_cost_table(shared, source="rank 0's start-up cost table")

@@ -89,11 +89,16 @@ def sizes_graph_tiers(planner: Any) -> bool:
     as exactly ``sum(verify_lens)`` tokens (``verify_layout_grid``: no graph floor, no
     padding), so there is no tier for our lengths to fit and none are trimmed.
     """
+    return replays_verify_graphs(planner.model_runner)
+
+
+def replays_verify_graphs(model_runner: Any) -> bool:
+    """Whether ``model_runner`` replays ragged verify CUDA graphs (SGLang's own test)."""
     from sglang.srt.speculative.dspark_components.dspark_planner import (
         ragged_capture_num_tokens,
     )
 
-    return ragged_capture_num_tokens(model_runner=planner.model_runner) is not None
+    return ragged_capture_num_tokens(model_runner=model_runner) is not None
 
 
 def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:

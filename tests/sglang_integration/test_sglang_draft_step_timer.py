@@ -5,6 +5,8 @@ clock by a known number of seconds, so the measured median is known exactly. The
 table is shaped like a CPU target (a 2-token verify costs 1.6 plain steps, 8 tokens
 1.8), where ``prefix`` verifies nothing on the target-only table and the whole block
 once a 0.8-step draft pass is counted: the decision shows which table is in use.
+With an additive table (what a CPU worker profiles at start-up) the pass is measured
+per batch size and becomes the table's request term.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import pytest
 import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import SpsCostTable, with_fixed_step_cost
+from dspark_sglang.scheduling.cost_table import (
+    SpsCostTable,
+    additive_from_probes,
+    with_cost_per_request_count,
+    with_fixed_step_cost,
+)
+from dspark_sglang.scheduling.policies import PrefixScheduler
 from dspark_sglang.sglang_integration import scheduler_bridge
 from dspark_sglang.sglang_integration.scheduler_bridge import (
     DRAFT_TIMING_ROUNDS,
@@ -55,9 +63,9 @@ class FakeDrafter:
         return f"proposal {len(self.calls)}"
 
 
-def _env(tmp_path: Path, **cfg: Any) -> dict[str, str]:
+def _env(tmp_path: Path, table_kind: Any = TABLE, **cfg: Any) -> dict[str, str]:
     table = tmp_path / "sps.json"
-    TABLE.save(table)
+    table_kind.save(table)
     path = tmp_path / "sched.yaml"
     SchedulerConfig(block_size=7, cost_table_path=str(table), **cfg).save(path)
     return {"DSPARK_SCHEDULER_CONFIG": str(path), "SGLANG_RAGGED_VERIFY_MODE": "cap-accept"}
@@ -80,27 +88,29 @@ def test_the_median_of_the_first_rounds_is_added_between_rounds(
         assert timer(bs=1, round=r) == f"proposal {r + 1}"  # arguments and result pass through
         # This round decides on the table as loaded, whatever its own draft took.
         assert _drafts(decider) == 0
-    assert timer.seconds == pytest.approx(list(DRAFT_SECONDS))
-    assert decider.measured_draft_step_seconds is None
+    assert timer.seconds == {1: pytest.approx(list(DRAFT_SECONDS))}
+    assert decider.measured_draft_seconds == {} and decider.draft_step_seconds(1) is None
     # The next round: the switch comes before it drafts, from the 8 rounds before.
     timer(bs=1)
-    assert decider.measured_draft_step_seconds == pytest.approx(0.8)
+    assert decider.measured_draft_seconds == {1: pytest.approx(0.8)}
     assert _drafts(decider) == 7
-    want = with_fixed_step_cost(TABLE, decider.measured_draft_step_seconds)
+    want = with_fixed_step_cost(TABLE, decider.measured_draft_seconds[1])
     assert decider.policy.table._rates.tolist() == list(want.sample_steps_per_sec)  # type: ignore[attr-defined]
     assert not decider.times_draft_step
     lines = [r.getMessage() for r in caplog.records if "draft pass measured" in r.getMessage()]
     assert lines == [
-        "DSPARK_MOE: draft pass measured at 0.800000 s per step (median of 8 decode rounds); "
-        "policy prefix now adds it to the cost table's step time (set draft_step_seconds in "
-        "the scheduler config, Helm chart slaTiers[].scheduler.draftStepSeconds, to use a "
-        "fixed value)"
+        "DSPARK_MOE: draft pass measured at 0.800000 s per step with 1 request(s) (median "
+        "of 8 decode rounds); policy prefix now adds it to the cost table's step time (set "
+        "draft_step_seconds in the scheduler config, Helm chart "
+        "slaTiers[].scheduler.draftStepSeconds, to use a fixed value)"
     ]
-    # Once: later rounds pass straight through, untimed, and the policy stays.
+    # Once, for a staircase: later rounds at any batch size pass straight through,
+    # untimed, and the policy stays.
     policy = decider.policy
-    for _ in range(20):
-        timer(bs=1)
-    assert decider.policy is policy and len(timer.seconds) == DRAFT_TIMING_ROUNDS
+    for r in range(20):
+        timer(bs=1 + r % 3)
+    assert decider.policy is policy and timer.done and timer.seconds == {}
+    assert decider.draft_step_seconds(3) == pytest.approx(0.8)
     assert len(drafter.calls) == DRAFT_TIMING_ROUNDS + 21
 
 
@@ -111,8 +121,8 @@ def test_the_lagged_policy_is_rebuilt_with_its_settings(tmp_path: Path) -> None:
     drafter = FakeDrafter((0.01,))
     timer = DraftStepTimer(drafter.propose, decider, rounds=2, clock=drafter.clock)
     for _ in range(3):
-        timer()
-    assert decider.measured_draft_step_seconds == pytest.approx(0.01)
+        timer(bs=2)
+    assert decider.measured_draft_seconds == {2: pytest.approx(0.01)}
     policy: Any = decider.policy
     assert (policy.name, policy.lag, policy.max_verify_tokens) == ("lagged(lag=3)", 3, 6)
 
@@ -176,3 +186,46 @@ def test_the_worker_wraps_propose_only_when_it_times(
         # The worker's verify_policy follows the decider's current policy.
         decider.policy = types.SimpleNamespace(decide=lambda c: "rebuilt")  # type: ignore[assignment]
         assert worker.verify_policy(CONFIDENCE) == "rebuilt"
+
+
+#: A CPU-like start-up table (additive, linear between probes up to 4 requests x 8).
+LINEAR = additive_from_probes(
+    [(b, 1.0 / t) for b, t in ((1, 1.0), (2, 1.6), (4, 1.66), (8, 1.8), (16, 3.0), (32, 5.4))]
+)
+
+
+def test_an_additive_table_gets_the_draft_pass_per_batch_size(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    decider = scheduler_bridge.load_decider(7, env=_env(tmp_path, LINEAR, policy="prefix"))
+    assert decider is not None and decider.times_draft_step and decider.times_per_batch_size
+    per_size = {1: 0.8, 4: 2.6}
+    drafter = FakeDrafter((0.8, 0.8, 2.6, 2.6))
+    timer = DraftStepTimer(drafter.propose, decider, rounds=2, clock=drafter.clock)
+    caplog.set_level(logging.INFO, logger=scheduler_bridge.__name__)
+    four = torch.full((4, 7), 0.5)
+    timer(bs=1)
+    timer(bs=1)
+    timer(bs=4)  # the switch for 1 request comes first
+    assert decider.measured_draft_seconds == {1: pytest.approx(0.8)}
+    # 4 requests are priced with the 1-request pass until they are measured.
+    assert decider.draft_step_seconds(4) == pytest.approx(0.8)
+    before = decider.verify_lens(four, torch.device("cpu")).tolist()
+    timer(bs=4)
+    timer(bs=1)  # measured: passes through untimed
+    assert decider.measured_draft_seconds == {1: pytest.approx(0.8), 4: pytest.approx(2.6)}
+    assert timer.seconds == {} and not timer.done and decider.times_draft_step
+    assert decider.draft_step_seconds(2) == pytest.approx(0.8 + (2.6 - 0.8) / 3)
+    assert decider.draft_step_seconds(9) == pytest.approx(2.6)
+    # The policy runs on the table plus the pass at each batch size (linear between).
+    want = with_cost_per_request_count(LINEAR, sorted(per_size.items()))
+    after = decider.verify_lens(four, torch.device("cpu")).tolist()
+    assert after == (PrefixScheduler(want).decide(four) + 1).tolist()
+    # A 2.6 s pass at 4 requests makes drafts cheaper than the 0.8 s priced before.
+    assert sum(after) > sum(before)
+    # One request keeps its own 0.8 s pass: a first draft at 0.3 is not worth verifying
+    # there (it would be at 2.6 s).
+    assert decider.verify_lens(torch.full((1, 7), 0.3), torch.device("cpu")).tolist() == [1]
+    sizes = [r.getMessage() for r in caplog.records if "draft pass measured" in r.getMessage()]
+    assert [line.split(" request(s)")[0][-1] for line in sizes] == ["1", "4"]
+    assert all("at that batch size, linear between the sizes measured" in x for x in sizes)

@@ -128,12 +128,13 @@ def test_greedy_output_is_the_targets(
 
 
 def test_startup_profile_measured_the_target_and_published_it(moe_run: dict[str, Any]) -> None:
-    from dspark_sglang.scheduling.cost_table import load_cost_table
+    from dspark_sglang.scheduling.cost_table import SpsAdditiveCostTable, load_cost_table
     from dspark_sglang.sglang_integration.startup_profile import digest, probe_points
 
     table = load_cost_table(moe_run["table"])  # our validation: finite, > 0, sorted
-    assert table.sample_batch_tokens == probe_points(STARTUP_CAP)
-    assert table.max_batch_tokens == STARTUP_CAP
+    # A CPU engine replays no verify graphs: step time linear between the probes.
+    assert isinstance(table, SpsAdditiveCostTable), type(table).__name__
+    assert table.m_probes == probe_points(STARTUP_CAP)
     info = [
         dict(labels)
         for (name, labels), v in moe_run["metrics"].items()

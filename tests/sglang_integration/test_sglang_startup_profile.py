@@ -15,7 +15,11 @@ import pytest
 
 from dspark_sglang.profiling.measure import MeasureConfig
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import SpsCostTable, parse_cost_table
+from dspark_sglang.scheduling.cost_table import (
+    SpsAdditiveCostTable,
+    SpsCostTable,
+    parse_cost_table,
+)
 from dspark_sglang.sglang_integration import scheduler_bridge, startup_profile
 from dspark_sglang.sglang_integration.startup_profile import (
     build_table,
@@ -79,6 +83,25 @@ def test_table_is_one_over_the_step_time_at_each_probe() -> None:
     assert parse_cost_table(table.to_json()) == table
     m = startup_profile.STARTUP_MEASURE
     assert len(dev.prepared) == len(probe_points(128)) * m.rounds
+
+
+def test_without_graphs_the_table_is_linear_between_the_probes() -> None:
+    dev = FakeDevice(step_seconds)
+    stairs = build_table(dev.make_step, 128, clock=dev.clock)
+    table = build_table(dev.make_step, 128, clock=dev.clock, linear=True)
+    assert isinstance(table, SpsAdditiveCostTable) and table.m_probes == probe_points(128)
+    # The same measured step time at every probe, linear between them (the fake's own
+    # step time is linear in tokens except at its cliff), where the staircase keeps the
+    # smaller probe's rate.
+    for b in range(1, 129):
+        got = table.step_time(num_reqs=1, budget=b - 1)
+        if b in probe_points(128) or b <= 64:
+            assert got == pytest.approx(step_seconds(b), rel=1e-9), b
+        assert 1.0 / stairs.lookup(b) <= got + 1e-12
+    assert table.step_time(num_reqs=1, budget=5) > 1.0 / stairs.lookup(6)
+    assert parse_cost_table(table.to_json()) == table
+    assert "linear between probes" in startup_profile.summary(table, 1.0)
+    assert "staircase, max_batch_tokens=128" in startup_profile.summary(stairs, 1.0)
 
 
 def test_beyond_the_largest_probe_the_step_time_is_extrapolated() -> None:
