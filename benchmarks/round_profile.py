@@ -95,7 +95,33 @@ def repeat_result(
         "tokens_per_round": tokens_per_round,
         # Tokens per unit of plain-step time: > 1 means the round pays for itself.
         "tokens_per_round_over_ratio": tokens_per_round / ratio,
+        "verify_shapes": rp.verify_shapes(spec),
     }
+
+
+def pooled_shapes(repeats: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The target's verify forward per shape over all repeats: calls summed, ms pooled.
+
+    Each row also gives the ms in plain decode steps (the median plain step of the
+    repeats), the unit the round's rows use.
+    """
+    total: dict[tuple[int, int], list[float]] = {}
+    for r in repeats:
+        for row in r.get("verify_shapes", ()):
+            acc = total.setdefault((row["requests"], row["tokens"]), [0.0, 0])
+            acc[0] += row["ms"] * row["calls"]
+            acc[1] += row["calls"]
+    step = statistics.median(r["plain_step_ms"] for r in repeats)
+    return [
+        {
+            "requests": n,
+            "tokens": b,
+            "calls": int(calls),
+            "ms": ms / calls,
+            "plain_steps": ms / calls / step,
+        }
+        for (n, b), (ms, calls) in sorted(total.items())
+    ]
 
 
 def combine(repeats: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str, Any]:
@@ -148,6 +174,7 @@ def combine(repeats: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str,
     )
     return {
         "phases": phases,
+        "verify_by_shape": pooled_shapes(repeats),
         "group_share": {g: spread(v) for g, v in groups.items()},
         **{key: spread([r[key] for r in repeats]) for key in figures},
         "sanity": {
@@ -201,6 +228,19 @@ def table(combined: Mapping[str, Any]) -> str:
         f"target model forward inside verify: {v['median']:.2f} plain steps "
         "(part of the target verify forward row)"
     )
+    shapes = combined.get("verify_by_shape", [])
+    if shapes:
+        lines.append("")
+        lines.append(
+            "target verify forward by shape (all repeats pooled; what a cost table prices):"
+        )
+        lines.append(f"{'requests':>8} {'tokens':>6} {'calls':>6} {'ms':>8} {'plain steps':>11}")
+        for row in shapes:
+            lines.append(
+                f"{row['requests']:>8} {row['tokens']:>6} {row['calls']:>6} {row['ms']:>8.2f} "
+                f"{row['plain_steps']:>11.2f}"
+            )
+        lines.append("")
     sanity = combined["sanity"]
     u = sanity["unattributed_share"]
     lines.append(

@@ -145,8 +145,36 @@ PHASES: tuple[Phase, ...] = (
 DRAFT_PHASES = ("draft_forward", "draft_base_logits", "markov_loop", "confidence")
 DERIVED = ("draft_rest", "unattributed")
 MEASURED = tuple(p.name for p in PHASES if p.name not in DERIVED)
-#: Everything a snapshot may hold.
+#: Everything a snapshot may hold, besides the verify forward per shape (below).
 TIMERS = (ROUND, PLAIN_STEP, PROPOSE, VERIFY_MODEL_FORWARD, *MEASURED)
+#: The target's verify forward is also timed per shape, as ``verify@<requests>x<tokens>``
+#: (:func:`shape_timer`): what a cost table prices, measured on the batches it prices.
+SHAPE_PREFIX = "verify@"
+
+
+def shape_timer(num_reqs: int, tokens: int) -> str:
+    """The timer name of a verify forward over ``tokens`` tokens of ``num_reqs`` requests."""
+    if num_reqs < 1 or tokens < num_reqs:
+        raise ValueError(f"a verify has >= 1 request and a token each, got {num_reqs}, {tokens}")
+    return f"{SHAPE_PREFIX}{num_reqs}x{tokens}"
+
+
+def verify_shapes(timers: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+    """The per-shape verify timers of a snapshot or :func:`delta`, as rows.
+
+    Each row: ``requests``, ``tokens``, ``calls`` and ``ms`` (mean per call), sorted by
+    requests, then tokens.
+    """
+    rows = []
+    for name, t in timers.items():
+        if not name.startswith(SHAPE_PREFIX):
+            continue
+        n, b = (int(x) for x in name[len(SHAPE_PREFIX) :].split("x"))
+        calls = int(t["calls"])
+        rows.append(
+            {"requests": n, "tokens": b, "calls": calls, "ms": 1e3 * float(t["seconds"]) / calls}
+        )
+    return sorted(rows, key=lambda r: (r["requests"], r["tokens"]))
 
 
 def profile_path(env: Mapping[str, str] | None = None, *, tp_rank: int = 0) -> Path | None:
@@ -184,7 +212,7 @@ class PhaseTimes:
         self.calls: dict[str, int] = {}
 
     def add(self, name: str, seconds: float) -> None:
-        if name not in TIMERS:
+        if name not in TIMERS and not name.startswith(SHAPE_PREFIX):
             raise KeyError(f"unknown timer {name!r}; known: {list(TIMERS)}")
         if seconds < 0:
             raise ValueError(f"timer {name!r}: negative interval {seconds}")
@@ -363,8 +391,15 @@ def target_forward_hook(original: Callable[..., Any], worker: Any, *args: Any, *
         prof.flush()
         return out
     if batch is None and kw.get("is_verify", False):
-        with prof.timing(VERIFY_MODEL_FORWARD):
+        fb = kw.get("forward_batch")
+        t0 = time.perf_counter()
+        try:
             return original(worker, *args, **kw)
+        finally:
+            seconds = time.perf_counter() - t0
+            prof.add(VERIFY_MODEL_FORWARD, seconds)
+            if fb is not None:  # shape from metadata: no device read
+                prof.add(shape_timer(int(fb.batch_size), int(fb.input_ids.numel())), seconds)
     return original(worker, *args, **kw)
 
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from bench_scripts import load_benchmark
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
@@ -194,9 +195,38 @@ def test_target_forward_hook_times_decode_steps_and_verify_forwards(
     assert rp.read_snapshot(path)[rp.PLAIN_STEP]["calls"] == 1  # flushed after the step
     rp.target_forward_hook(forward, None, extend)
     rp.target_forward_hook(forward, None, batch=None, is_verify=True)
+    # A verify forward of 3 requests and 12 tokens is also timed under its shape.
+    fb = SimpleNamespace(batch_size=3, input_ids=torch.zeros(12, dtype=torch.int64))
+    rp.target_forward_hook(forward, None, batch=None, forward_batch=fb, is_verify=True)
+    rp.target_forward_hook(forward, None, batch=None, forward_batch=fb, is_verify=True)
     calls = rp.profiler().calls
-    assert calls == {rp.PLAIN_STEP: 1, rp.VERIFY_MODEL_FORWARD: 1}  # prefill untimed
-    assert seen == [decode, extend, None]
+    # Prefill untimed; the first verify had no forward batch to read a shape from.
+    assert calls == {rp.PLAIN_STEP: 1, rp.VERIFY_MODEL_FORWARD: 3, "verify@3x12": 2}
+    assert seen == [decode, extend, None, None, None]
+    rows = rp.verify_shapes(rp.profiler().snapshot()["timers"])
+    assert [(r["requests"], r["tokens"], r["calls"]) for r in rows] == [(3, 12, 2)]
+    assert rows[0]["ms"] == pytest.approx(1e3 * rp.profiler().seconds["verify@3x12"] / 2)
+
+
+def test_verify_shapes_are_rows_sorted_by_requests_then_tokens() -> None:
+    timers = {
+        rp.ROUND: {"seconds": 9.0, "calls": 3},
+        rp.shape_timer(4, 9): {"seconds": 0.3, "calls": 3},
+        rp.shape_timer(1, 8): {"seconds": 0.2, "calls": 4},
+        rp.shape_timer(1, 2): {"seconds": 0.1, "calls": 2},
+    }
+    assert rp.verify_shapes(timers) == [
+        {"requests": 1, "tokens": 2, "calls": 2, "ms": pytest.approx(50.0)},
+        {"requests": 1, "tokens": 8, "calls": 4, "ms": pytest.approx(50.0)},
+        {"requests": 4, "tokens": 9, "calls": 3, "ms": pytest.approx(100.0)},
+    ]
+    with pytest.raises(ValueError, match="a token each"):
+        rp.shape_timer(4, 3)
+    # Shape timers subtract like any other (two snapshots of one pass).
+    later = {**timers, rp.shape_timer(1, 2): {"seconds": 0.4, "calls": 5}}
+    assert rp.verify_shapes(rp.delta(timers, later)) == [
+        {"requests": 1, "tokens": 2, "calls": 3, "ms": pytest.approx(100.0)}
+    ]
 
 
 def test_every_wrapped_name_exists_in_sglang_and_our_worker() -> None:
@@ -281,6 +311,24 @@ def test_combine_takes_medians_and_flags_a_large_remainder() -> None:
         bench.combine(good, tolerance=5.0)
     with pytest.raises(ValueError, match="no repeats"):
         bench.combine([], tolerance=0.05)
+
+
+def test_verify_shapes_are_pooled_over_the_repeats_in_plain_steps() -> None:
+    reps = [_repeat(18.0, 0.18, 20.0, 10), _repeat(20.0, 0.2, 40.0, 10)]
+    # 3 verifies of 10 ms, then 1 of 50 ms, at 1 x 8; 2 of 20 ms at 4 x 9 in one repeat.
+    reps[0]["verify_shapes"] = [
+        {"requests": 1, "tokens": 8, "calls": 3, "ms": 10.0},
+        {"requests": 4, "tokens": 9, "calls": 2, "ms": 20.0},
+    ]
+    reps[1]["verify_shapes"] = [{"requests": 1, "tokens": 8, "calls": 1, "ms": 50.0}]
+    rows = bench.combine(reps, tolerance=0.05)["verify_by_shape"]
+    step = 1500.0  # the median of the repeats' plain steps, 1000 and 2000 ms
+    assert rows == [
+        {"requests": 1, "tokens": 8, "calls": 4, "ms": 20.0, "plain_steps": 20.0 / step},
+        {"requests": 4, "tokens": 9, "calls": 2, "ms": 20.0, "plain_steps": 20.0 / step},
+    ]
+    text = bench.table(bench.combine(reps, tolerance=0.05))
+    assert "target verify forward by shape" in text and "       4      9      2    20.00" in text
 
 
 def test_cli_rejects_bad_flags_before_starting_anything(capsys: pytest.CaptureFixture) -> None:
