@@ -122,7 +122,13 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
         "SGLang's own decision)",
     )
     p.add_argument("--static-k", type=int, default=3, help="drafts verified by --policy static")
-    p.add_argument("--cost-table", type=Path, default=None, help="SPS cost table JSON")
+    p.add_argument(
+        "--cost-table",
+        type=Path,
+        default=None,
+        help="SPS cost table JSON for prefix/lagged (required by the reference generator; "
+        "SGLang's engine measures one at start-up when it is not given)",
+    )
     p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=-1)

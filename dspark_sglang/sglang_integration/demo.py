@@ -258,11 +258,6 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
                     f"{flag} only feeds our scheduler: give --policy too (without --policy "
                     "SGLang decides the verify lengths itself)"
                 )
-    if args.policy in NEEDS_COST_TABLE and args.cost_table is None:
-        raise DemoError(
-            f"policy {args.policy!r} needs --cost-table (an SGLang SPS JSON, e.g. from "
-            "`dspark-sglang profile`)"
-        )
     for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
         if value is not None and not Path(value).is_file():
             raise DemoError(f"{flag} {value}: no such file")
@@ -416,6 +411,11 @@ def write_scheduler_config(
     if args.cost_table is not None:
         load_cost_table(args.cost_table)
         _check_cost_table_dtype(Path(args.cost_table), engine_dtype, console)
+    elif args.policy in NEEDS_COST_TABLE:
+        console.print(
+            f"cost table: none given, so the DSPARK_MOE worker measures the target at start-up "
+            f"in the engine's own settings ({engine_dtype}; startup_profile) for {args.policy}"
+        )
     if sts is not None:
         try:
             check_sts_block_size(load_sts(sts).block_size, block_size, f"STS {sts}")

@@ -69,7 +69,6 @@ def test_subcommands_are_registered() -> None:
         (["--threads", "0"], "--threads must be >= 1"),
         (["--passes", "0"], "--passes must be >= 1"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
-        (["--policy", "lagged"], "needs --cost-table"),
         (["--cost-table", "sps.json"], "give --policy too"),
         (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
     ],

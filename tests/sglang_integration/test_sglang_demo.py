@@ -189,6 +189,18 @@ def test_report_gives_the_median_of_the_passes_and_fails_a_pass_that_differs() -
     assert "DSPARK_MOE: 1 of 2 later timed passes gave other outputs" in console.export_text()
 
 
+def test_without_a_cost_table_the_worker_measures_one_at_start_up(tmp_path: Path) -> None:
+    drafter = _drafter_dir(tmp_path, 7, None)
+    console = Console(record=True, width=400)
+    path = write_scheduler_config(_args(policy="prefix"), drafter, tmp_path, console, "bfloat16")
+    assert path is not None
+    cfg = SchedulerConfig.load(path)
+    assert cfg.cost_table_path is None and cfg.profiles_at_startup
+    assert "measures the target at start-up in the engine's own settings (bfloat16" in (
+        console.export_text()
+    )
+
+
 def test_a_cost_table_from_another_dtype_is_named(tmp_path: Path) -> None:
     table = tmp_path / "sps.json"
     table.write_text(
