@@ -58,6 +58,7 @@ from dspark_sglang.scheduling.policies import (
     _draft_cap,
     _resolve_cap,
 )
+from dspark_sglang.scheduling.round_costs import RoundCosts
 
 __all__ = [
     "DeviceCostTable",
@@ -93,15 +94,27 @@ class DeviceCostTable:
     ``SpsCostTable``: floor lookup, ``rate[clamp(searchsorted(probes, b, right) - 1)]``
     (SGLang's semantics: below the first probe its rate, above the last the last one's).
     ``SpsAdditiveCostTable``: ``1 / (bias + interp(alpha, N) + interp(theta, b))``, the
-    same float64 ops as ``cost_table.py``. ``max_batch_tokens`` (staircase only) is what
-    the policies cap their totals with.
+    same float64 ops as ``cost_table.py``. ``round_costs.RoundCosts`` (rounds timed on a
+    CPU worker): its own lookup, on the CPU only (it is measured only there).
+    ``max_batch_tokens`` (a staircase's, also through ``RoundCosts``) is what the
+    policies cap their totals with.
     """
 
     def __init__(self, table: CostModel, device: torch.device | str = "cpu") -> None:
         self.device = _as_device(device)
         self.staircase = isinstance(table, SpsCostTable)
+        self.measured: RoundCosts | None = None
         f64 = {"dtype": _F64, "device": self.device}
-        if isinstance(table, SpsCostTable):
+        if isinstance(table, RoundCosts):
+            if self.device.type != "cpu":
+                raise ValueError(
+                    f"RoundCosts are timed on a CPU worker and priced on the host; got "
+                    f"device {self.device}: give a worker on another device its cost table "
+                    "(and draft_step_seconds) instead"
+                )
+            self.measured = table
+            self.max_batch_tokens = table.max_batch_tokens
+        elif isinstance(table, SpsCostTable):
             self.max_batch_tokens: int | None = table.max_batch_tokens
             self._probes = torch.tensor(table.sample_batch_tokens, dtype=_I64, device=self.device)
             self._rates = torch.tensor(table.sample_steps_per_sec, **f64)
@@ -114,14 +127,16 @@ class DeviceCostTable:
             self._theta = torch.tensor(table.theta_seconds, **f64)
         else:
             raise TypeError(
-                "cost_model must be an SpsCostTable or SpsAdditiveCostTable (the device "
-                "policies copy its probes to the device); a custom CostModel runs on the "
+                "cost_model must be an SpsCostTable, SpsAdditiveCostTable or RoundCosts (the "
+                "device policies copy its probes to the device); a custom CostModel runs on the "
                 f"host, so use policies.PrefixScheduler/LaggedBudgetScheduler; got "
                 f"{type(table).__name__}"
             )
 
     def steps_per_sec(self, num_reqs: int, batch_tokens: torch.Tensor) -> torch.Tensor:
         """``SPS`` (float64) at every entry of ``batch_tokens`` (int64, on ``device``)."""
+        if self.measured is not None:
+            return self.measured.steps_per_sec(num_reqs, batch_tokens)
         if self.staircase:
             idx = torch.searchsorted(self._probes, batch_tokens, right=True) - 1
             return self._rates[idx.clamp_(0, self._probes.numel() - 1)]

@@ -289,7 +289,7 @@ def test_device_policy_errors_name_the_fix() -> None:
             return torch.ones(batch_tokens.shape, dtype=torch.float64)
 
     custom: CostModel = Custom()
-    with pytest.raises(TypeError, match="SpsCostTable or SpsAdditiveCostTable"):
+    with pytest.raises(TypeError, match="SpsCostTable, SpsAdditiveCostTable or RoundCosts"):
         DevicePrefixScheduler(custom)
     with pytest.raises(TypeError, match="no device version of AnticipatingGlobalSearch"):
         device_twin(AnticipatingGlobalSearch(_STAIR))
