@@ -151,10 +151,11 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         (``cost_table.with_fixed_step_cost``): the table profiles the target
         alone, but every speculative step pays the draft too, whatever the
         policy then verifies. A number is used as is; ``0`` keeps the
-        target-only model. Unset: on a CPU worker the SGLang worker times the
-        draft pass of its decode rounds and switches to the table plus their
-        median, per batch size with an additive table such as the start-up one
-        on CPU (``scheduler_bridge.DraftStepTimer``); on a GPU worker
+        target-only model, and nothing is timed. Unset: on a CPU worker the SGLang
+        worker times each decode round and the target's verify in it
+        (``scheduler_bridge.VerifyDecider.observe_round``) and, once a round shape
+        is measured, prices rounds as the measured verify plus the rest of the
+        round over the table (``round_costs.RoundCosts``); on a GPU worker
         nothing is timed (that would synchronise the device every step) and the
         target-only table is used, so set it from a profile there. Refused for
         policies that use no cost table (nothing would read it).

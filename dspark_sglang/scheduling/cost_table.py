@@ -30,10 +30,9 @@ tables hit them).
 Both classes offer ``steps_per_sec(num_reqs, batch_tokens)``, the vectorised
 lookup the scheduling policies use (see ``CostModel``). ``with_fixed_step_cost``
 adds a fixed time to every step of a table (e.g. the draft pass of a speculative
-step, which the target's profile does not contain); ``with_cost_per_request_count``
-adds one that depends on the number of requests (the draft pass at each batch size)
-to an additive table. ``additive_from_probes`` builds an additive table whose step
-time is linear between probes, for engines whose cost has no graph buckets (CPU).
+step, which the target's profile does not contain). ``additive_from_probes`` builds
+an additive table whose step time is linear between probes, for engines whose cost
+has no graph buckets (CPU).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ __all__ = [
     "from_probes",
     "load_cost_table",
     "parse_cost_table",
-    "with_cost_per_request_count",
     "with_fixed_step_cost",
 ]
 
@@ -470,8 +468,7 @@ def additive_from_probes(probes: Sequence[tuple[int, float]]) -> SpsAdditiveCost
     the next probe at the smaller probe's rate and the token that reaches a probe with
     the whole step between the two. Here ``bias_seconds`` is the smallest probe's step
     time, ``theta_seconds`` each probe's step time minus it, and the request term is
-    zero (``bs_probes = (1,)``, ``alpha_seconds = (0.0,)``) until a per-request cost is
-    added (``with_cost_per_request_count``). The step time at every probe is its
+    zero (``bs_probes = (1,)``, ``alpha_seconds = (0.0,)``). The step time at every probe is its
     measured one (up to float64 rounding), linear between probes, the last one's
     beyond.
     """
@@ -490,43 +487,6 @@ def additive_from_probes(probes: Sequence[tuple[int, float]]) -> SpsAdditiveCost
         m_probes=tuple(p[0] for p in ordered),
         theta_seconds=tuple(t - seconds[0] for t in seconds),
     )
-
-
-def with_cost_per_request_count(
-    table: SpsAdditiveCostTable, seconds: Sequence[tuple[int, float]]
-) -> SpsAdditiveCostTable:
-    """``table`` with ``d(n)`` seconds added to the step time of a batch of ``n`` requests.
-
-    ``seconds`` are ``(num_reqs, seconds)`` pairs; ``d`` is linear between them and
-    clamped at the ends, as the table's own request term is. The sum of two such
-    functions is linear between the union of their probes and constant beyond it, so
-    the new ``alpha_seconds`` at that union is exactly ``alpha + d``.
-    """
-    if not isinstance(table, SpsAdditiveCostTable):
-        raise TypeError(
-            "with_cost_per_request_count needs an SpsAdditiveCostTable (a staircase has no "
-            f"request dimension; use with_fixed_step_cost), got {type(table).__name__}"
-        )
-    ordered = _check_probes("with_cost_per_request_count", seconds, "num_reqs")
-    extra = SpsAdditiveCostTable(
-        bias_seconds=table.bias_seconds,  # only validates the pairs below
-        bs_probes=tuple(int(n) for n, _ in ordered),
-        alpha_seconds=tuple(float(d) for _, d in ordered),
-        m_probes=(1,),
-        theta_seconds=(0.0,),
-    )
-    union = sorted(set(table.bs_probes) | set(extra.bs_probes))
-    f64 = {"dtype": torch.float64}
-    at = torch.tensor(union, **f64)
-    alpha = _interp_clamped(
-        torch.tensor(table.bs_probes, **f64), torch.tensor(table.alpha_seconds, **f64), at
-    ) + _interp_clamped(
-        torch.tensor(extra.bs_probes, **f64), torch.tensor(extra.alpha_seconds, **f64), at
-    )
-    fields = msgspec.structs.asdict(table)
-    fields["bs_probes"] = tuple(union)
-    fields["alpha_seconds"] = tuple(float(a) for a in alpha)
-    return SpsAdditiveCostTable(**fields)
 
 
 def with_fixed_step_cost(table: CostTable, seconds: float) -> CostTable:

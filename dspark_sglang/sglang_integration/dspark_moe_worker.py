@@ -7,11 +7,15 @@ algorithm object registered in every SGLang process and for what DSPARK_MOE adds
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+logger = logging.getLogger(__name__)
 
 #: A verify policy: calibrated confidences ``[N, B]`` -> drafts to verify ``[N]``.
 VerifyPolicy = Callable[[torch.Tensor], torch.Tensor]
@@ -38,14 +42,21 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error turns that step, and non-finite output the affected
       rows (on the device), into plain decoding instead of failing the batch.
-    * Draft cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
-      draft passes are timed and their median is added to the cost table, per batch
-      size with an additive table (``scheduler_bridge.DraftStepTimer``); never on a GPU.
+    * Round cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
+      each decode round and the target's verify in it are timed per shape (requests x
+      verify tokens) and the policy prices rounds from those timings
+      (``scheduler_bridge.VerifyDecider.observe_round``, ``round_costs``); never on a GPU.
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """
 
     verify_policy: VerifyPolicy | None = None
+    #: The decider that prices rounds from their timings (``times_rounds``), else None.
+    _dspark_round_timer: Any = None
+    #: Host clock the round timing reads (a test swaps it for a fake one).
+    _dspark_clock: Callable[[], float] = staticmethod(time.perf_counter)
+    #: Seconds of the target's verify in the round running now (timed rounds only).
+    _dspark_verify_seconds: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from dspark_sglang.sglang_integration import moe_draft_model
@@ -131,15 +142,30 @@ class DSparkMoeWorker(DSparkWorkerV2):
         verify_tier.schedule_every_step(
             self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
         )
-        # Through the decider: its policy is rebuilt once the draft pass is measured.
+        # Through the decider: its policy is rebuilt as rounds are timed.
         self.verify_policy = lambda confidence: decider.policy.decide(confidence)
-        if decider.times_draft_step and getattr(self, "_proposer", None) is not None:
-            # CPU only: time the first draft passes, then add their median to the table.
-            self._proposer.propose = scheduler_bridge.DraftStepTimer(
-                self._proposer.propose, decider
-            )
+        # CPU only: time each decode round and its verify; the policy prices rounds from them.
+        self._dspark_round_timer = decider if decider.times_rounds else None
+        self._dspark_verify_seconds = 0.0
+        executor = getattr(self, "_verify_executor", None)
+        if self._dspark_round_timer is not None and executor is not None:
+            for name in ("run_compact", "run_non_compact"):
+                # An instance attribute on our worker's own executor, as round_profile does.
+                object.__setattr__(executor, name, self._timed_verify(getattr(executor, name)))
         if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
+
+    def _timed_verify(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        """``run`` (the target's verify of a round) adding its seconds to this round's."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = self._dspark_clock()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                self._dspark_verify_seconds += self._dspark_clock() - t0
+
+        return timed
 
     def _apply_sts(self, path: str) -> None:
         """Set the confidence head's STS temperatures (``load_decider`` validated the file)."""
@@ -155,14 +181,45 @@ class DSparkMoeWorker(DSparkWorkerV2):
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         from dspark_sglang.sglang_integration import fallback
 
+        self._dspark_verify_seconds = 0.0
+        t0 = self._dspark_clock()
         try:
             result = super()._forward_decode(batch, *args, **kwargs)
+            fell_back = getattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
         finally:
             # A fallback forces "anchor only" for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
             setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
+        seconds = self._dspark_clock() - t0
+        timer = self._dspark_round_timer
+        if timer is not None and not fell_back:
+            # CPU only (``times_rounds``): the round is done when the call returns, and
+            # reading its verify lengths costs no synchronisation. A fallback round's
+            # time is the drafter's fault, not its shape's, so it is not recorded.
+            try:
+                n, tokens = self._round_shape(result)
+                if n and self._dspark_verify_seconds > 0:
+                    timer.observe_round(n, tokens, seconds, self._dspark_verify_seconds)
+            except Exception as exc:  # pricing is an aid: never fail a served round for it
+                self._dspark_round_timer = None
+                logger.warning(
+                    "DSPARK_MOE: timing decode rounds failed (%s: %s); the policy keeps its "
+                    "current prices and no more rounds are timed",
+                    type(exc).__name__,
+                    exc,
+                )
         self._observe_round(result)
         return result
+
+    def _round_shape(self, result: Any) -> tuple[int, int]:
+        """``(requests, verify tokens in all)`` of a decode round's result (host reads)."""
+        accept = getattr(result, "accept_lens", None)
+        if accept is None or accept.numel() == 0:
+            return 0, 0
+        cap = getattr(result, "cap_lens", None)
+        n = int(accept.numel())
+        tokens = int(cap.sum()) if cap is not None else n * int(self.verify_num_draft_tokens)
+        return n, tokens
 
     def _observe_round(self, result: Any) -> None:
         """Feed one decode round's outcome to our metrics and the decision log."""

@@ -72,6 +72,12 @@ def _get() -> dict[str, Any]:
                 "Requests refused with HTTP 400 before scheduling (sglang_integration.requests)",
                 ["reason"],
             ),
+            round_shapes=Gauge(
+                "dspark_round_cost_shapes",
+                "Round shapes (requests x verify tokens) the scheduling policy prices from "
+                "this worker's timed rounds (CPU workers); 0: from the cost table alone",
+                multiprocess_mode="max",
+            ),
             scheduler=Gauge(
                 "dspark_scheduler_info",
                 "The scheduler config deciding verify lengths (1 per label set)",
@@ -110,6 +116,11 @@ def publish_scheduler_info(labels: dict[str, str]) -> None:
 def observe_decision_seconds(seconds: float) -> None:
     """Host wall time of one verify-length decision (no device read involved)."""
     _get()["decision"].observe(seconds)
+
+
+def set_round_cost_shapes(shapes: int) -> None:
+    """How many round shapes the policy now prices from timed rounds."""
+    _get()["round_shapes"].set(shapes)
 
 
 def count_fallback(reason: str, steps: int = 1) -> None:

@@ -21,16 +21,15 @@ length counts the anchor too (``1..B+1``), so ``verify_len = drafts + 1``.
 Config: ``DSPARK_SCHEDULER_CONFIG`` names a :class:`SchedulerConfig` YAML/JSON
 file. Unset keeps SGLang's own decision (logged once).
 
-Draft cost: the cost table profiles the target alone, but every speculative step
-also pays the draft pass. The config's ``draft_step_seconds`` adds it to the table
-(``policy_from_config``). Unset, a CPU worker measures it (:class:`DraftStepTimer`:
-host wall time of :data:`DRAFT_TIMING_ROUNDS` draft passes, then their median is
-added). The pass costs more the more requests it drafts for, so with an additive table
-(a start-up table on CPU, ``startup_profile``) it is measured per batch size and
-added as the table's request term, linear between the sizes seen so far; a staircase
-has no request term and gets the first size's median as a fixed cost. A GPU worker
-times nothing, because reading a host clock around device work would need a
-synchronisation every step, and logs that the target-only table is in use.
+Round cost: the cost table profiles the target alone, but every speculative round
+also pays the draft pass and its own bookkeeping. The config's ``draft_step_seconds``
+adds a fixed draft cost to the table (``policy_from_config``). Unset, a CPU worker
+times its decode rounds and the target's verify in each, per shape (requests x verify
+tokens), and the policy prices rounds from them once measured, over the table
+elsewhere (:meth:`VerifyDecider.observe_round`, ``round_costs.RoundCosts``). A GPU
+worker times
+nothing, because reading a host clock around device work would need a synchronisation
+every step, and logs that the target-only table is in use.
 """
 
 from __future__ import annotations
@@ -39,26 +38,24 @@ import hashlib
 import json
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, SchedulerConfig
 from dspark_sglang.scheduling.cost_table import (
+    CostModel,
     CostTable,
-    SpsAdditiveCostTable,
     load_cost_table,
-    with_cost_per_request_count,
     with_fixed_step_cost,
 )
 from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
+from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
 from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
 from dspark_sglang.sglang_integration.launch import (
     CONFIG_ENV,
@@ -104,83 +101,74 @@ class VerifyDecider:
     #: The cost table the policy was built on, as loaded or profiled, before any
     #: ``draft_step_seconds`` (``None``: the policy uses no table).
     cost_table: CostTable | None = None
-    #: Draft-pass seconds per batch size measured by :class:`DraftStepTimer`, in the
-    #: order measured (empty: not measured yet).
-    measured_draft_seconds: dict[int, float] = field(default_factory=dict)
+    #: Decode rounds timed per shape (:meth:`observe_round`; empty: none yet).
+    timings: RoundTimings = field(default_factory=RoundTimings)
+    #: What the policy prices rounds with now: ``RoundCosts`` once a shape is measured.
+    cost_model: CostModel | None = None
+    #: Measured shapes at the last INFO line (the next one comes at twice as many).
+    _logged_shapes: float = field(default=0.5, repr=False)
 
     def __post_init__(self) -> None:
         self.policy = device_twin(self.policy, self.device)
 
     @property
-    def times_draft_step(self) -> bool:
-        """Whether the worker should time the draft pass (:class:`DraftStepTimer`).
+    def times_rounds(self) -> bool:
+        """Whether the worker should time its decode rounds (:meth:`observe_round`).
 
         Only for a policy with a cost table, without ``draft_step_seconds`` in the
-        config, on a CPU device (there host timing costs no synchronisation); with a
-        staircase table only until one batch size is measured (it has no request term).
+        config, on a CPU device (there host timing costs no synchronisation).
         """
         return (
             self.cost_table is not None
             and self.config.draft_step_seconds is None
-            and (self.times_per_batch_size or not self.measured_draft_seconds)
             and torch.device(self.device).type == "cpu"
         )
 
-    @property
-    def times_per_batch_size(self) -> bool:
-        """Whether the draft pass is priced per batch size (an additive table's request term)."""
-        return isinstance(self.cost_table, SpsAdditiveCostTable)
+    def observe_round(
+        self, num_reqs: int, tokens: int, round_seconds: float, verify_seconds: float
+    ) -> None:
+        """Record one decode round: ``num_reqs`` requests verified ``tokens`` tokens in all.
 
-    def draft_step_seconds(self, num_reqs: int) -> float | None:
-        """The draft-pass seconds the policy's table includes at ``num_reqs`` requests.
-
-        ``None``: the table is the target's alone (nothing set, nothing measured yet).
-        """
-        measured = self.measured_draft_seconds
-        if not measured:
-            return self.config.draft_step_seconds
-        if not self.times_per_batch_size:
-            return next(iter(measured.values()))
-        sizes = sorted(measured)
-        # Linear between the sizes measured, clamped beyond them: the table's request term.
-        return float(np.interp(num_reqs, sizes, [measured[n] for n in sizes]))
-
-    def add_draft_seconds(self, num_reqs: int, seconds: float, rounds: int) -> None:
-        """Rebuild the policy with the draft pass at ``num_reqs`` requests priced ``seconds``.
-
-        Called by :class:`DraftStepTimer` between two decode rounds, with the median
-        draft time of ``rounds`` earlier rounds at that batch size; logs it on one INFO
-        line. An additive table gets every size measured so far as its request term
-        (``with_cost_per_request_count``), a staircase the first one as a fixed cost.
+        ``round_seconds`` is the whole round, ``verify_seconds`` the target's verify in it.
+        Called by the worker after the round, so a rebuilt policy prices the next round
+        from rounds that are over (non-anticipating). When a shape gets its
+        ``round_costs.MIN_SAMPLES``-th recent timing, or ``round_costs.WINDOW`` rounds
+        have passed, the policy is rebuilt on ``round_costs.RoundCosts`` (the measured
+        shapes over the cost table), logged at INFO when the number of measured shapes
+        reaches 1, 2, 4, 8, ... (DEBUG otherwise).
         """
         if self.cost_table is None:
-            raise ValueError("add_draft_seconds: this decider's policy uses no cost table")
-        if num_reqs in self.measured_draft_seconds:
-            raise ValueError(f"add_draft_seconds: {num_reqs} request(s) already measured")
-        if self.measured_draft_seconds and not self.times_per_batch_size:
-            raise ValueError("add_draft_seconds: a staircase table takes one draft cost")
-        self.measured_draft_seconds[num_reqs] = seconds
-        if self.times_per_batch_size:
-            assert isinstance(self.cost_table, SpsAdditiveCostTable)
-            table: CostTable = with_cost_per_request_count(
-                self.cost_table, sorted(self.measured_draft_seconds.items())
-            )
-        else:
-            table = with_fixed_step_cost(self.cost_table, seconds)
-        self.policy = device_twin(policy_from_config(self.config, cost_model=table), self.device)
+            raise ValueError("observe_round: this decider's policy uses no cost table")
+        self.timings.add(num_reqs, tokens, round_seconds, verify_seconds)
+        if self.records and self.decision_log is not None:
+            with self.decision_log.open("a", encoding="utf-8") as f:
+                timed = [num_reqs, tokens, round_seconds, verify_seconds]
+                f.write(json.dumps({"timed_round": timed}) + "\n")
+        if not self.timings.ready:
+            return
+        costs = self.timings.snapshot(self.cost_table)
+        self.cost_model = costs
+        self.policy = device_twin(policy_from_config(self.config, cost_model=costs), self.device)
         if self.records:
-            logger.info(
-                "DSPARK_MOE: draft pass measured at %.6f s per step with %d request(s) (median "
-                "of %d decode rounds); policy %s now adds it to the cost table's step time%s "
-                "(set draft_step_seconds in the scheduler config, Helm chart "
-                "slaTiers[].scheduler.draftStepSeconds, to use a fixed value)",
-                seconds,
-                num_reqs,
-                rounds,
+            metrics.set_round_cost_shapes(len(costs.verify))
+            # INFO when the measured shapes reach 1, 2, 4, 8, ...: a few lines per worker.
+            shown = len(costs.verify) >= 2 * self._logged_shapes
+            if shown:
+                self._logged_shapes = len(costs.verify)
+            shapes = ", ".join(
+                f"{n}x{m}: {1e3 * s:.1f} ms" for (n, m), (s, _) in sorted(costs.verify.items())
+            )
+            rest = ", ".join(f"{n}: {1e3 * s:.1f} ms" for n, (s, _) in sorted(costs.rest.items()))
+            logger.log(
+                logging.INFO if shown else logging.DEBUG,
+                "DSPARK_MOE: policy %s now prices rounds from the decode rounds this worker "
+                "timed (target verify, requests x tokens: median %s; rest of the round, per "
+                "request count: %s), over the cost table elsewhere (set draft_step_seconds "
+                "in the scheduler config, Helm chart slaTiers[].scheduler.draftStepSeconds, "
+                "to price from the table alone)",
                 self.policy.name,
-                " at that batch size, linear between the sizes measured"
-                if self.times_per_batch_size
-                else "",
+                shapes or "none yet",
+                rest or "none yet",
             )
 
     def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -196,12 +184,17 @@ class VerifyDecider:
             metrics.observe_decision_seconds(time.perf_counter() - t0)
         if self.records and self.decision_log is not None:
             # Debug aid only: these reads sync, and happen only with DSPARK_DECISION_LOG set.
+            n, total = int(confidence.shape[0]), int(lens.sum())
+            model = self.cost_model
             row = {
                 "policy": self.policy.name,
                 "confidence": given.tolist(),
                 "verify_lens": lens.tolist(),
-                # The draft pass the policy's table included (config or measured; None: none).
-                "draft_step_seconds": self.draft_step_seconds(int(confidence.shape[0])),
+                # What the policy priced this round at (None: no table), and from what.
+                "round_seconds": None
+                if model is None
+                else 1.0 / float(model.steps_per_sec(n, torch.tensor([total]))[0]),
+                "priced_from": None if model is None else _priced_from(model),
             }
             with self.decision_log.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
@@ -217,69 +210,11 @@ class VerifyDecider:
                 f.write(json.dumps({"used_verify_lens": used}) + "\n")
 
 
-DRAFT_TIMING_ROUNDS = 8
-"""Decode rounds whose draft pass a CPU worker times before adding the median to the table."""
-
-
-class DraftStepTimer:
-    """The proposer's ``propose`` (the draft pass), timed to measure ``draft_step_seconds``.
-
-    Wraps ``propose`` (outside ``fallback.GuardedPropose``, so the fault guard's fold
-    is counted too) when :attr:`VerifyDecider.times_draft_step` holds. Calls are timed
-    with ``clock`` (host wall time; on a CPU worker the work is done when the call
-    returns) and grouped by their batch size (SGLang's ``bs`` argument). Once a size
-    has ``rounds`` timings, at the start of the next call, before that round drafts,
-    the decider rebuilds its policy with their median at that size
-    (:meth:`VerifyDecider.add_draft_seconds`); that size is then no longer timed. With a
-    staircase table the first size measured is the only one, and later calls pass
-    straight through; with an additive table every new size is measured the same way.
-    Until a size is measured the policy prices it from the sizes measured before (the
-    nearest, or linear between two), or with the table as loaded before the first.
-
-    Non-anticipating: the switch happens between rounds, from timings of rounds that
-    are already over, so whether a round's verify decision used the updated table
-    depends only on past rounds' timings, never on that round's drafts.
-
-    Under tensor parallelism each rank measures its own median; the verify lengths
-    stay the same on every rank through SGLang's ``DSPARK_PLAN`` broadcast from rank 0
-    (on by default). A deployment that narrows ``SGLANG_SPEC_TP_SYNC`` should set
-    ``draft_step_seconds`` instead.
-    """
-
-    def __init__(
-        self,
-        propose: Callable[..., Any],
-        decider: VerifyDecider,
-        *,
-        rounds: int = DRAFT_TIMING_ROUNDS,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        if rounds < 1:
-            raise ValueError(f"DraftStepTimer needs rounds >= 1, got {rounds}")
-        self.propose = propose
-        self.decider = decider
-        self.rounds = rounds
-        self.clock = clock
-        #: Timings per batch size not measured yet (a size leaves once it is).
-        self.seconds: dict[int, list[float]] = {}
-        self.done = False
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.done:
-            return self.propose(*args, **kwargs)
-        for n in [n for n, t in self.seconds.items() if len(t) >= self.rounds]:
-            self.decider.add_draft_seconds(n, statistics.median(self.seconds.pop(n)), self.rounds)
-        if not self.decider.times_draft_step:
-            self.done = True
-            return self.propose(*args, **kwargs)
-        n = kwargs.get("bs")
-        if n is None or int(n) in self.decider.measured_draft_seconds:
-            # Measured already, or not SGLang's call (no batch size to attribute it to).
-            return self.propose(*args, **kwargs)
-        t0 = self.clock()
-        out = self.propose(*args, **kwargs)
-        self.seconds.setdefault(int(n), []).append(self.clock() - t0)
-        return out
+def _priced_from(model: CostModel) -> str:
+    """``"table"``, or ``"rounds:<k>"`` for ``RoundCosts`` with ``k`` measured verify shapes."""
+    if isinstance(model, RoundCosts):
+        return f"rounds:{len(model.verify)}"
+    return "table"
 
 
 def _sha256_12(path: str | None) -> str:
@@ -338,11 +273,14 @@ def load_decider(
         device=device,
         step_metrics=step_metrics if records else None,
         cost_table=policy_table if uses_table else None,
+        cost_model=with_fixed_step_cost(policy_table, cfg.draft_step_seconds or 0.0)
+        if uses_table and policy_table is not None
+        else None,
     )
-    if records and uses_table and cfg.draft_step_seconds is None and not decider.times_draft_step:
+    if records and uses_table and cfg.draft_step_seconds is None and not decider.times_rounds:
         logger.info(
             "DSPARK_MOE: draft_step_seconds is unset and the worker runs on %s, where timing "
-            "the draft pass would synchronise every step: policy %s schedules with the "
+            "its rounds would synchronise every step: policy %s schedules with the "
             "target-only cost table. Set draft_step_seconds in %s (Helm chart: "
             "slaTiers[].scheduler.draftStepSeconds) to the seconds of one draft pass, e.g. "
             "from a DSPARK_PROFILE_ROUNDS profile, to count the draft",

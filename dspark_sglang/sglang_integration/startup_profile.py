@@ -29,9 +29,9 @@ whole step from the probe below (at one request and probes 4 and 8: the seventh 
 pays everything 4 -> 8 tokens costs, the fourth to sixth nothing), so ``prefix`` would
 stop before that token for no reason; there the table is ``cost_table.
 additive_from_probes`` (``SpsAdditiveCostTable``, step time linear between probes),
-to which the worker later adds the draft pass per request count
-(``scheduler_bridge.DraftStepTimer``). Either passes the same validation as a loaded
-table and encodes byte-compatibly with SGLang's.
+over which a CPU worker later prices rounds from the decode rounds it timed
+(``round_costs.RoundCosts``). Either passes the same validation as a loaded table and
+encodes byte-compatibly with SGLang's.
 
 What one probe step is (:func:`runner_step_factory`): a forward of the target's
 own SGLang ``ModelRunner`` over ``ceil(b / (B+1))`` synthetic requests of ``B +

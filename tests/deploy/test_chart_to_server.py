@@ -47,8 +47,8 @@ from rendered_tier import (
     server_workloads,
 )
 
-from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, SchedulerConfig
+from dspark_sglang.scheduling.policies import policy_from_config
 from dspark_sglang.sglang_integration.launch import (
     DECISION_LOG_ENV,
     GREEDY_DRAFT_ENV,
@@ -282,24 +282,31 @@ def test_verify_lengths_are_the_tier_policys(tier: Tier) -> None:
     assert len(decided) >= 8, "too few decode steps were decided by our policy"
     import torch
 
-    from dspark_sglang.scheduling.cost_table import load_cost_table, with_fixed_step_cost
+    from dspark_sglang.scheduling.cost_table import load_cost_table
+    from dspark_sglang.scheduling.round_costs import RoundTimings
 
-    def policy(draft_seconds: float | None) -> SchedulingPolicy:
-        # The worker adds its measured draft pass to the table after a few rounds.
-        if draft_seconds is None or tier.config.cost_table_path is None:
-            return policy_from_config(tier.config)
-        table = with_fixed_step_cost(load_cost_table(tier.config.cost_table_path), draft_seconds)
-        return policy_from_config(tier.config, cost_model=table)
-
-    # One policy object, as in the worker (the lagged one keeps a history), rebuilt once
-    # where the worker switched to its measured draft pass (which starts a new history).
-    seconds, current = None, policy(None)
-    for r in decided:
-        if r.get("draft_step_seconds") != seconds:
-            seconds = r["draft_step_seconds"]
-            current = policy(seconds)
-        drafts = current.decide(torch.tensor(r["confidence"], dtype=torch.float32))
-        assert (drafts + 1).tolist() == r["verify_lens"], r
+    # One policy object, as in the worker (the lagged one keeps a history), rebuilt where
+    # the worker priced rounds from the rounds it had timed (logged as ``timed_round``
+    # rows, in order), with the same timings code: each decision must follow from them.
+    uses_table = tier.config.policy in NEEDS_COST_TABLE
+    current, timings = policy_from_config(tier.config), RoundTimings()
+    priced = "table" if uses_table else None
+    for r in rows:
+        if "timed_round" in r:
+            path = tier.config.cost_table_path
+            assert uses_table and path is not None, "rounds timed for a policy without a table"
+            timings.add(*r["timed_round"])
+            if timings.ready:
+                costs = timings.snapshot(load_cost_table(path))
+                current = policy_from_config(tier.config, cost_model=costs)
+                priced = f"rounds:{len(costs.verify)}"
+        elif "verify_lens" in r:
+            drafts = current.decide(torch.tensor(r["confidence"], dtype=torch.float32))
+            assert (drafts + 1).tolist() == r["verify_lens"], r
+            assert r["priced_from"] == priced, (r["priced_from"], priced)
+    if uses_table and tier.config.draft_step_seconds is None:
+        # A CPU worker with a table and no fixed draft cost prices from its timed rounds.
+        assert priced is not None and priced.startswith("rounds:"), priced
     assert [r["verify_lens"] for r in decided] == used, "SGLang verified other lengths"
     whole = tier.config.num_draft_tokens
     if str(tier.launch.local(COST_TABLE)).endswith("sps.json") and "external" in (

@@ -1,5 +1,4 @@
-"""``additive_from_probes`` and ``with_cost_per_request_count``: a cost table for an
-engine without CUDA graphs, and the draft pass priced per batch size.
+"""``additive_from_probes``: a cost table for an engine without CUDA graphs.
 
 Checked against direct formulas at every batch size (step time exact at the probes,
 linear between, clamped beyond), the SGLang encoding, validation, and the decision
@@ -23,7 +22,6 @@ from dspark_sglang.scheduling.cost_table import (
     additive_from_probes,
     from_probes,
     parse_cost_table,
-    with_cost_per_request_count,
 )
 from dspark_sglang.scheduling.policies import PrefixScheduler
 
@@ -67,40 +65,6 @@ def test_decreasing_step_times_and_bad_probes_are_refused() -> None:
         additive_from_probes([(0, 2.0), (2, 1.0)])
     with pytest.raises(CostTableError, match="duplicate probe 2"):
         additive_from_probes([(2, 2.0), (2, 1.0)])
-
-
-def test_a_cost_per_request_count_is_added_linear_between_its_sizes() -> None:
-    rng = random.Random(1)
-    tokens = torch.arange(1, 700)
-    for _ in range(30):
-        base = additive_from_probes(_probes(CPU_STEPS))
-        if rng.random() < 0.5:  # a table that already has a request term
-            base = with_cost_per_request_count(base, [(2, 0.001), (9, 0.004)])
-        sizes = sorted(rng.sample(range(1, 64), rng.randint(1, 5)))
-        extra = [(n, rng.uniform(0.0, 0.02)) for n in sizes]
-        table = with_cost_per_request_count(base, extra)
-        for n in range(1, 80):
-            d = np.interp(n, sizes, [s for _, s in extra])
-            want = _step_times(base, n, tokens) + d
-            np.testing.assert_allclose(_step_times(table, n, tokens), want, rtol=1e-12, atol=0)
-        # Everything but the request term is kept.
-        assert (table.bias_seconds, table.m_probes, table.theta_seconds) == (
-            base.bias_seconds,
-            base.m_probes,
-            base.theta_seconds,
-        )
-
-
-def test_a_cost_per_request_count_needs_an_additive_table_and_good_pairs() -> None:
-    base = additive_from_probes(_probes(CPU_STEPS))
-    with pytest.raises(TypeError, match="staircase has no request dimension"):
-        with_cost_per_request_count(from_probes(_probes(CPU_STEPS)), [(1, 0.01)])  # type: ignore[arg-type]
-    with pytest.raises(CostTableError, match="no probes"):
-        with_cost_per_request_count(base, [])
-    with pytest.raises(CostTableError, match=r"alpha_seconds\[1\]"):
-        with_cost_per_request_count(base, [(1, 0.01), (4, float("nan"))])
-    with pytest.raises(CostTableError, match=r"bs_probes\[0\] = 0"):
-        with_cost_per_request_count(base, [(0, 0.01)])
 
 
 def test_prefix_verifies_the_seventh_draft_on_the_linear_table_only() -> None:
