@@ -133,8 +133,13 @@ class EngineRun:
     top_tokens: tuple[tuple[TopTokens | None, ...], ...] = ()
     #: Wall time of every timed pass (``wall_s`` is their median); empty for one pass.
     pass_walls: tuple[float, ...] = ()
-    #: Timed passes after the first whose outputs differed from the first's.
-    differing_passes: int = 0
+    #: Outputs of the timed passes after the first that differed from the first's.
+    differing_outputs: tuple[tuple[tuple[int, ...], ...], ...] = ()
+
+    @property
+    def differing_passes(self) -> int:
+        """Timed passes after the first whose outputs differed from the first's."""
+        return len(self.differing_outputs)
 
     @property
     def num_tokens(self) -> int:
@@ -162,7 +167,7 @@ class EngineRun:
         wall_s: float,
         top_tokens: tuple[tuple[TopTokens | None, ...], ...] = (),
         pass_walls: Sequence[float] = (),
-        differing_passes: int = 0,
+        differing_outputs: Sequence[Sequence[Sequence[int]]] = (),
     ) -> EngineRun:
         """Aggregate SGLang's output dicts (``output_ids`` + ``meta_info``) of one pass."""
         verify = correct = 0
@@ -184,7 +189,9 @@ class EngineRun:
             accepted_histogram=tuple(hist),
             top_tokens=top_tokens,
             pass_walls=tuple(float(w) for w in pass_walls),
-            differing_passes=differing_passes,
+            differing_outputs=tuple(
+                tuple(tuple(int(t) for t in o) for o in run) for run in differing_outputs
+            ),
         )
 
 
@@ -559,7 +566,7 @@ def run_engine(
             engine = stack.enter_context(cpu_engine(spec))
             generate_outputs(engine, [list(warmup)], 2, sampling)
         walls: list[float] = []
-        differing = 0
+        differing: list[list[list[int]]] = []
         outputs: list[dict[str, Any]] = []
         for k in range(passes):
             # Every pass starts from an empty radix cache: a later pass that found its
@@ -577,7 +584,7 @@ def run_engine(
             if k == 0:
                 outputs = out
             elif [o["output_ids"] for o in out] != [o["output_ids"] for o in outputs]:
-                differing += 1
+                differing.append([list(o["output_ids"]) for o in out])
         wall = statistics.median(walls)
         tops: tuple[tuple[TopTokens | None, ...], ...] = ()
         if top_tokens:
@@ -591,7 +598,7 @@ def run_engine(
         wall,
         tops,
         pass_walls=walls if passes > 1 else (),
-        differing_passes=differing,
+        differing_outputs=differing,
     )
 
 
@@ -652,14 +659,38 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
     divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
     passed = all(d.near_tie for d in divergences)
     for run in (plain, spec):
-        if run.differing_passes:
-            passed = False
+        if not run.differing_passes:
+            continue
+        # A speculative pass may verify other lengths than the first (a policy that prices
+        # rounds from their timings), which rounds differently: it passes when it, too,
+        # differs from plain decoding only at near-ties. Plain decoding must repeat itself.
+        later = [find_divergences(plain.outputs, o, tops, dtype) for o in run.differing_outputs]
+        excused = run is spec and all(d.near_tie for ds in later for d in ds)
+        counted = f"{run.differing_passes} of {len(run.pass_walls) - 1} later timed passes"
+        if excused:
             console.print(
-                f"[bold red]{run.label}: {run.differing_passes} of {len(run.pass_walls) - 1} "
-                "later timed passes gave other outputs than the first (greedy decoding must "
-                "repeat itself)[/]",
+                f"[bold yellow]{run.label}: {counted} gave other outputs than the first, each "
+                "differing from plain decoding only at numerical near-ties (the verify lengths "
+                "changed between passes, and with them the rounding)[/]",
                 soft_wrap=True,
             )
+            continue
+        passed = False
+        console.print(
+            f"[bold red]{run.label}: {counted} gave other outputs than the first (greedy "
+            "decoding must repeat itself"
+            + (", up to near-ties with plain decoding" if run is spec else "")
+            + ")[/]",
+            soft_wrap=True,
+        )
+        for ds in later:
+            for d in ds:
+                if not d.near_tie:
+                    console.print(
+                        f"[bold red]MISMATCH (later pass): {d.describe()}[/]",
+                        soft_wrap=True,
+                        highlight=False,
+                    )
     style = "bold green" if all(same) else "bold yellow" if passed else "bold red"
     console.print(
         f"[{style}]identical output at temperature 0: {sum(same)}/{len(same)} prompts[/]",
