@@ -160,6 +160,13 @@ class RoundCosts:
                 rise.tolist(), [s for _, s, _ in shapes], [k for _, _, k in shapes]
             )
         object.__setattr__(self, "_fitted", fitted)
+        # Level minus the table at n tokens, per measured n: the shift an unmeasured request
+        # count borrows. Host floats computed here, so a lookup reads nothing back.
+        gaps = {
+            n: level - float(self._base_seconds(n, torch.tensor([n]))[0])
+            for n, (level, _) in fitted.items()
+        }
+        object.__setattr__(self, "_gaps", gaps)
 
     @property
     def max_batch_tokens(self) -> int | None:
@@ -179,8 +186,17 @@ class RoundCosts:
         return min(counts, key=lambda c: (abs(c - n), c))
 
     def verify_seconds(self, num_reqs: int, batch_tokens: torch.Tensor) -> torch.Tensor:
-        """Predicted seconds of the target's verify at each total (float64, on the CPU)."""
-        bt = _check_batch_tokens(num_reqs, batch_tokens).cpu()
+        """Predicted seconds of the target's verify at each total (float64).
+
+        ``batch_tokens`` must be on the CPU (the only device rounds are timed on); the
+        lookup is tensor arithmetic on host floats fixed at construction: no read-back.
+        """
+        bt = _check_batch_tokens(num_reqs, batch_tokens)
+        if bt.device.type != "cpu":
+            raise ValueError(
+                f"RoundCosts prices rounds timed on a CPU worker: batch_tokens must be on the "
+                f"CPU, got {bt.device}"
+            )
         fitted: dict[int, tuple[float, float]] = self._fitted  # type: ignore[attr-defined]
         if num_reqs in fitted:
             level, slope = fitted[num_reqs]
@@ -188,9 +204,8 @@ class RoundCosts:
         base = self._base_seconds(num_reqs, bt)
         if not fitted:
             return base
-        n = self._nearest(fitted, num_reqs)
-        level, _ = fitted[n]
-        return base + (level - float(self._base_seconds(n, torch.tensor([n]))[0]))
+        gaps: dict[int, float] = self._gaps  # type: ignore[attr-defined]
+        return base + gaps[self._nearest(fitted, num_reqs)]
 
     def rest_seconds(self, num_reqs: int) -> float:
         """Predicted seconds of the round besides its verify at ``num_reqs`` requests."""
@@ -203,9 +218,8 @@ class RoundCosts:
         return self.verify_seconds(num_reqs, batch_tokens) + self.rest_seconds(num_reqs)
 
     def steps_per_sec(self, num_reqs: int, batch_tokens: torch.Tensor) -> torch.Tensor:
-        """``1 / step_seconds`` (the ``CostModel`` protocol), on ``batch_tokens``' device."""
-        device = torch.as_tensor(batch_tokens).device
-        return (1.0 / self.step_seconds(num_reqs, batch_tokens)).to(device)
+        """``1 / step_seconds`` (the ``CostModel`` protocol; CPU tensors)."""
+        return 1.0 / self.step_seconds(num_reqs, batch_tokens)
 
 
 @dataclass

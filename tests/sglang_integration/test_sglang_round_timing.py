@@ -273,3 +273,19 @@ def test_the_gauge_counts_the_shapes_priced_from_rounds(tmp_path: Path) -> None:
         for _ in range(WARMUP + MIN_SAMPLES):
             decider.observe_round(1, m, 0.05, 0.04)
     assert REGISTRY.get_sample_value("dspark_round_cost_shapes") == 2
+
+
+def test_a_decision_on_measured_rounds_reads_nothing_back(tmp_path: Path) -> None:
+    from dspark_sglang.sglang_integration.sync_probe import host_syncs_raise
+
+    decider = scheduler_bridge.load_decider(7, env=_env(tmp_path, policy="prefix"))
+    assert decider is not None
+    for m in (4, 8):
+        for _ in range(WARMUP + MIN_SAMPLES):
+            decider.observe_round(1, m, 0.06, 0.05)
+    assert isinstance(decider.cost_model, RoundCosts) and decider.cost_model.verify
+    # Request counts measured and not (the nearest one's gap): no .item(), .cpu(), ...
+    for n in (1, 3):
+        with host_syncs_raise("a decision on RoundCosts"):
+            lens = decider.verify_lens(torch.full((n, 7), 0.6), torch.device("cpu"))
+        assert lens.shape == (n,)
