@@ -82,10 +82,11 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.results import default_out, dump_json, software_versions
+from dspark_sglang.scheduling.config import SGLANG_DECIDES
 
 SETS = ("gsm8k", "humaneval", "mtbench")
 #: ``sglang``: SGLang's own verify decision; the rest are our policies (``POLICIES``).
-SGLANG_POLICY = "sglang"
+SGLANG_POLICY = SGLANG_DECIDES
 DSPARK = "DSPARK_MOE"
 NGRAM = "NGRAM"
 PLAIN = "plain"
