@@ -82,11 +82,10 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.results import default_out, dump_json, software_versions
-from dspark_sglang.scheduling.config import SGLANG_DECIDES
 
 SETS = ("gsm8k", "humaneval", "mtbench")
 #: ``sglang``: SGLang's own verify decision; the rest are our policies (``POLICIES``).
-SGLANG_POLICY = SGLANG_DECIDES
+SGLANG_POLICY = "sglang"
 DSPARK = "DSPARK_MOE"
 NGRAM = "NGRAM"
 PLAIN = "plain"

@@ -111,20 +111,16 @@ def seconds_arg(text: str) -> float:
 # --------------------------------------------------------------------------- demo, generate
 
 
-def add_decoding_arguments(
-    p: argparse.ArgumentParser,
-    *,
-    max_new_tokens: int,
-    policy_help: str = "scheduling policy (default: verify_all)",
-    extra_policies: tuple[str, ...] = (),
-) -> None:
-    """Drafter, policy and sampling flags of ``demo`` and ``generate``.
-
-    ``extra_policies`` are ``--policy`` values besides the scheduler's policies (the
-    demo's ``sglang``: SGLang decides), which the caller gives a meaning.
-    """
+def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    """Drafter, policy and sampling flags of ``demo`` and ``generate``."""
     p.add_argument("--drafter", type=Path, default=None, help="drafter checkpoint folder")
-    p.add_argument("--policy", choices=(*POLICIES, *extra_policies), default=None, help=policy_help)
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=None,
+        help="scheduling policy (reference default: verify_all; SGLang engine default: "
+        "SGLang's own decision)",
+    )
     p.add_argument("--static-k", type=int, default=3, help="drafts verified by --policy static")
     p.add_argument(
         "--cost-table",

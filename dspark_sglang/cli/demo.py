@@ -17,9 +17,7 @@ import sys
 from typing import Any
 
 from dspark_sglang.cli.base import Command, add_decoding_arguments, decoding_options
-from dspark_sglang.scheduling.config import SGLANG_DECIDES
 from dspark_sglang.sglang_integration.cpu_dtype import DTYPE_CHOICES
-from dspark_sglang.sglang_integration.demo import DEFAULT_POLICY
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,16 +28,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="sglang: SGLang's engine on CPU, plain vs --speculative-algorithm DSPARK_MOE "
         "(default); reference: the pure-PyTorch reference generator",
     )
-    add_decoding_arguments(
-        p,
-        max_new_tokens=48,
-        policy_help=f"who decides how many drafts to verify. --engine sglang: {DEFAULT_POLICY} "
-        "(default), our hardware-aware scheduler, on a cost table the DSPARK_MOE worker measures "
-        "at start-up and then prices from the rounds it times; "
-        f"{SGLANG_DECIDES}: SGLang's own decision (the whole block); or another policy of ours. "
-        "--engine reference: default verify_all",
-        extra_policies=(SGLANG_DECIDES,),
-    )
+    add_decoding_arguments(p, max_new_tokens=48)
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
     p.add_argument(
         "--concurrency",
@@ -101,11 +90,6 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
         if args.dtype == "bfloat16":
             raise ValueError(
                 "--dtype bfloat16 needs --engine sglang; the reference generator runs float32"
-            )
-        if args.policy == SGLANG_DECIDES:
-            raise ValueError(
-                f"--policy {SGLANG_DECIDES} leaves the verify lengths to SGLang's engine "
-                "(--engine sglang); the reference generator runs our policies"
             )
         target, gen = build_generator(**decoding_options(args), console=console)
         chats = demo_chats(args.num_prompts)

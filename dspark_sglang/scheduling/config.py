@@ -23,7 +23,6 @@ __all__ = [
     "NEEDS_COST_TABLE",
     "POLICIES",
     "RAGGED_VERIFY_MODES",
-    "SGLANG_DECIDES",
     "ConfigError",
     "Policy",
     "RaggedVerifyMode",
@@ -36,9 +35,6 @@ RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
 RAGGED_VERIFY_MODES: tuple[str, ...] = get_args(RaggedVerifyMode)
 POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_BLOCK_SIZE = 16
-SGLANG_DECIDES = "sglang"
-"""Not a policy of ours: a tier (or demo) without a scheduler config, where SGLang's own
-planner decides the verify lengths (the whole block)."""
 NEEDS_COST_TABLE: tuple[str, ...] = ("prefix", "lagged")
 """Policies that rank drafts against an SPS cost table (``cost_table_path`` required)."""
 _SLA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

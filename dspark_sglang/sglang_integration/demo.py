@@ -62,7 +62,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, SGLANG_DECIDES
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 from dspark_sglang.sglang_integration.cpu_dtype import DtypeChoice, choose_cpu_dtype, read_cpuinfo
 from dspark_sglang.sglang_integration.greedy_check import (
     TOP_TOKENS,
@@ -238,27 +238,8 @@ class DemoPlan:
             raise DemoError(f"--concurrency must be >= 1, got {self.concurrency}")
 
 
-#: The SGLang demo's policy when ``--policy`` is not given: the product's scheduler, on a
-#: cost table the worker measures at start-up and then prices from its timed rounds.
-DEFAULT_POLICY = "prefix"
-
-
-def resolve_policy(args: argparse.Namespace) -> None:
-    """Set ``args.policy`` to what the SGLang demo runs: ``None`` for SGLang's decision.
-
-    Unset: :data:`DEFAULT_POLICY`; :data:`SGLANG_DECIDES`: ``None`` (no scheduler config).
-    """
-    if args.policy is None:
-        args.policy = DEFAULT_POLICY
-    elif args.policy == SGLANG_DECIDES:
-        args.policy = None
-
-
 def check_sglang_flags(args: argparse.Namespace) -> None:
-    """Flag checks that need neither the target nor an engine (fail in milliseconds).
-
-    Run after :func:`resolve_policy`: ``args.policy`` is ``None`` where SGLang decides.
-    """
+    """Flag checks that need neither the target nor an engine (fail in milliseconds)."""
     if args.temperature != 0.0:
         raise DemoError(
             f"--engine sglang runs greedy only (got --temperature {args.temperature}): on CPU "
@@ -281,9 +262,8 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
         for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
             if value is not None:
                 raise DemoError(
-                    f"{flag} only feeds our scheduler, and --policy {SGLANG_DECIDES} leaves the "
-                    f"verify lengths to SGLang: drop {flag}, or give a policy of ours "
-                    f"(default {DEFAULT_POLICY})"
+                    f"{flag} only feeds our scheduler: give --policy too (without --policy "
+                    "SGLang decides the verify lengths itself)"
                 )
     for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
         if value is not None and not Path(value).is_file():
@@ -750,7 +730,6 @@ def run_sglang_demo(
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
     with tempfile.TemporaryDirectory(prefix="dspark-demo-") as tmp:
         try:
-            resolve_policy(args)
             check_sglang_flags(args)
             model_path = Path(model_path_fn(console))
             plan = plan_demo(args, model_path, default_dir, Path(tmp), console)

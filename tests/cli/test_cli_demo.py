@@ -45,10 +45,7 @@ def test_subcommands_are_registered() -> None:
     args = parser.parse_args(["demo", "--num-prompts", "2", "--policy", "mtp1"])
     assert args.num_prompts == 2 and args.policy == "mtp1" and args.temperature == 0.0
     assert args.engine == "sglang"  # the product is the default
-    assert parser.parse_args(["demo"]).policy is None  # resolved by the engine's demo
-    assert parser.parse_args(["demo", "--policy", "sglang"]).policy == "sglang"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["generate", "--prompt", "hi", "--policy", "sglang"])  # demo only
+    assert parser.parse_args(["demo"]).policy is None  # SGLang decides unless told
     assert parser.parse_args(["demo", "--engine", "reference"]).engine == "reference"
     assert parser.parse_args(["demo"]).dtype == "auto"
     assert parser.parse_args(["demo", "--dtype", "bfloat16"]).dtype == "bfloat16"
@@ -72,8 +69,7 @@ def test_subcommands_are_registered() -> None:
         (["--threads", "0"], "--threads must be >= 1"),
         (["--passes", "0"], "--passes must be >= 1"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
-        (["--policy", "sglang", "--cost-table", "sps.json"], "leaves the verify lengths to SGLang"),
-        (["--cost-table", "/nonexistent/sps.json"], "no such file"),  # the default: prefix
+        (["--cost-table", "sps.json"], "give --policy too"),
         (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
     ],
 )
@@ -218,26 +214,6 @@ def test_generate_policy_needing_a_cost_table_fails_clearly(
     rc = main(["generate", "--prompt", "hi", "--policy", "prefix", "--max-new-tokens", "2"])
     assert rc == 2
     assert "needs --cost-table" in capsys.readouterr().err
-
-
-def test_the_sglang_demo_runs_our_scheduler_unless_told_otherwise() -> None:
-    from dspark_sglang.sglang_integration.demo import DEFAULT_POLICY, resolve_policy
-
-    parser = build_parser()
-    for argv, policy in (
-        ([], DEFAULT_POLICY),
-        (["--policy", "sglang"], None),
-        (["--policy", "mtp1"], "mtp1"),
-    ):
-        args = parser.parse_args(["demo", *argv])
-        resolve_policy(args)
-        assert args.policy == policy
-    assert DEFAULT_POLICY == "prefix"
-
-
-def test_reference_demo_refuses_sglangs_decision(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--engine", "reference", "--policy", "sglang"]) == 2
-    assert "--policy sglang leaves the verify lengths to SGLang's engine" in capsys.readouterr().err
 
 
 def test_reference_demo_refuses_concurrency(capsys: pytest.CaptureFixture[str]) -> None:
