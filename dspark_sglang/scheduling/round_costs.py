@@ -153,6 +153,10 @@ class RoundCosts:
         by_n: dict[int, list[tuple[int, float, float]]] = {}
         for (n, m), (s, k) in sorted(self.verify.items()):
             by_n.setdefault(n, []).append((m, s, float(k)))
+        # The table at n tokens, per measured n: what ``_rise`` measures from. A one-element
+        # CPU float64 tensor computed here, so a lookup does not recompute it.
+        at_n = {n: self._base_seconds(n, torch.tensor([n])) for n in by_n}
+        object.__setattr__(self, "_base_at_n", at_n)
         fitted = {}
         for n, shapes in by_n.items():
             rise = self._rise(n, torch.tensor([m for m, _, _ in shapes]))
@@ -162,10 +166,7 @@ class RoundCosts:
         object.__setattr__(self, "_fitted", fitted)
         # Level minus the table at n tokens, per measured n: the shift an unmeasured request
         # count borrows. Host floats computed here, so a lookup reads nothing back.
-        gaps = {
-            n: level - float(self._base_seconds(n, torch.tensor([n]))[0])
-            for n, (level, _) in fitted.items()
-        }
+        gaps = {n: level - float(at_n[n][0]) for n, (level, _) in fitted.items()}
         object.__setattr__(self, "_gaps", gaps)
 
     @property
@@ -177,9 +178,13 @@ class RoundCosts:
         return 1.0 / self.base.steps_per_sec(n, tokens).to(_F64)
 
     def _rise(self, n: int, tokens: torch.Tensor) -> torch.Tensor:
-        """The table's step time at ``tokens`` over its time at ``n`` tokens (``>= 0``)."""
+        """The table's step time at ``tokens`` over its time at ``n`` tokens (``>= 0``).
+
+        ``n`` is a measured request count (``_base_at_n``, precomputed at construction).
+        """
         t = self._base_seconds(n, tokens.to(torch.int64))
-        return (t - self._base_seconds(n, torch.tensor([n]))).clamp(min=0.0)
+        base_at_n: dict[int, torch.Tensor] = self._base_at_n  # type: ignore[attr-defined]
+        return (t - base_at_n[n]).clamp(min=0.0)
 
     @staticmethod
     def _nearest(counts: Iterable[int], n: int) -> int:

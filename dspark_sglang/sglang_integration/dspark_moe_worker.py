@@ -211,14 +211,23 @@ class DSparkMoeWorker(DSparkWorkerV2):
         self._observe_round(result)
         return result
 
+    def _verify_lens(self, cap_lens: torch.Tensor | None) -> torch.Tensor | int:
+        """Each request's verify length in a decode round, from its result's ``cap_lens``.
+
+        The one rule for it: ``cap_lens`` when the result has them, else the whole block
+        (returned as one int for every request, so a caller that needs only the total
+        builds no tensor and reads nothing back).
+        """
+        return cap_lens if cap_lens is not None else int(self.verify_num_draft_tokens)
+
     def _round_shape(self, result: Any) -> tuple[int, int]:
         """``(requests, verify tokens in all)`` of a decode round's result (host reads)."""
         accept = getattr(result, "accept_lens", None)
         if accept is None or accept.numel() == 0:
             return 0, 0
-        cap = getattr(result, "cap_lens", None)
+        verify = self._verify_lens(getattr(result, "cap_lens", None))
         n = int(accept.numel())
-        tokens = int(cap.sum()) if cap is not None else n * int(self.verify_num_draft_tokens)
+        tokens = n * verify if isinstance(verify, int) else int(verify.sum())
         return n, tokens
 
     def _observe_round(self, result: Any) -> None:
@@ -229,12 +238,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
         step_metrics = self._dspark_metrics
         if step_metrics is not None and accept is not None and accept.numel() > 0:
             with sync_probe.sync_free("DSparkMoeWorker.step_metrics"):
-                cap = result.cap_lens
-                verify = (
-                    cap
-                    if cap is not None
-                    else torch.full_like(accept, int(self.verify_num_draft_tokens))
-                )
+                verify = self._verify_lens(result.cap_lens)
+                if isinstance(verify, int):
+                    verify = torch.full_like(accept, verify)
                 step_metrics.observe_round(accept, verify)
                 self._attach_metrics_flush(result, step_metrics)
             decider = getattr(self._verify_planner, "dspark_moe_decider", None)

@@ -51,7 +51,6 @@ from dspark_sglang.scheduling.cost_table import (
     CostModel,
     CostTable,
     load_cost_table,
-    with_fixed_step_cost,
 )
 from dspark_sglang.scheduling.device_policies import device_twin
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
@@ -265,17 +264,18 @@ def load_decider(
     policy_table = table
     if uses_table and policy_table is None and cfg.cost_table_path:
         policy_table = load_cost_table(cfg.cost_table_path)
+    policy = policy_from_config(cfg, cost_model=policy_table)
     decider = VerifyDecider(
         cfg,
-        policy_from_config(cfg, cost_model=policy_table),
+        policy,
         Path(log) if log else None,
         records,
         device=device,
         step_metrics=step_metrics if records else None,
         cost_table=policy_table if uses_table else None,
-        cost_model=with_fixed_step_cost(policy_table, cfg.draft_step_seconds or 0.0)
-        if uses_table and policy_table is not None
-        else None,
+        # The host policy's own model (the table plus any draft_step_seconds); the
+        # decider keeps only its device twin, which holds a device copy.
+        cost_model=policy.cost_model if uses_table else None,
     )
     if records and uses_table and cfg.draft_step_seconds is None and not decider.times_rounds:
         logger.info(

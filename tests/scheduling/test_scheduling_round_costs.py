@@ -180,6 +180,32 @@ def test_unmeasured_count_takes_the_nearest_gap_and_rest_the_nearest_median() ->
     assert costs.rest_seconds(100) == 0.020
 
 
+def test_lookups_are_bitwise_the_rise_from_the_table_at_n_tokens() -> None:
+    """The table at ``n`` tokens is precomputed once per measured ``n``: every lookup is
+    bit for bit what computing it per lookup gives (shape included, 0-d tokens too)."""
+
+    def at(base, n: int, tokens: torch.Tensor) -> torch.Tensor:
+        return 1.0 / base.steps_per_sec(n, tokens.to(torch.int64)).to(torch.float64)
+
+    staircase = from_probes([(1, 30.0), (4, 25.0), (16, 12.0)], max_batch_tokens=64)
+    shapes = {(1, 2): 0.045, (1, 5): 0.049, (3, 4): 0.040, (3, 9): 0.047}
+    token_sets = (torch.arange(0, 80), torch.tensor(6), torch.tensor([9], dtype=torch.int32))
+    for base in (staircase, BASE, _cpu_base()):
+        costs = RoundCosts(base, {nm: (y, 4) for nm, y in shapes.items()})
+        fitted = costs._fitted  # type: ignore[attr-defined]
+        for n, tokens in ((n, t) for n in (1, 2, 3, 7) for t in token_sets):
+            if n in fitted:
+                level, slope = fitted[n]
+                rise = at(base, n, tokens) - at(base, n, torch.tensor([n]))
+                want = level + slope * rise.clamp(min=0.0)
+            else:  # n=2 is as near to 1 as to 3: the smaller wins
+                near = 1 if n == 2 else 3
+                gap = fitted[near][0] - float(at(base, near, torch.tensor([near]))[0])
+                want = at(base, n, tokens) + gap
+            got = costs.verify_seconds(n, tokens)
+            assert got.shape == want.shape and torch.equal(got, want)
+
+
 def test_bad_shapes_rests_and_base_are_refused_naming_the_field() -> None:
     ok = (0.05, MIN_SAMPLES)
     bad_verify = {

@@ -21,7 +21,11 @@ import pytest
 import torch
 
 from dspark_sglang.scheduling.config import SchedulerConfig
-from dspark_sglang.scheduling.cost_table import additive_from_probes
+from dspark_sglang.scheduling.cost_table import (
+    additive_from_probes,
+    load_cost_table,
+    with_fixed_step_cost,
+)
 from dspark_sglang.scheduling.round_costs import MIN_SAMPLES, WARMUP, WINDOW, RoundCosts
 from dspark_sglang.sglang_integration import metrics, scheduler_bridge
 from dspark_sglang.sglang_integration.scheduler_bridge import VerifyDecider
@@ -119,6 +123,24 @@ def test_nothing_is_timed_when_nothing_would_use_it(tmp_path: Path, cfg: dict[st
         assert _drafts(decider) == [7]
         seconds = 1.0 / float(decider.cost_model.steps_per_sec(1, torch.tensor([8]))[0])  # type: ignore[union-attr]
         assert seconds == pytest.approx(STEPS[8] + 0.02)
+
+
+@pytest.mark.parametrize("seconds", [None, 0.0, 0.02])
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_the_decider_prices_rounds_with_its_policys_own_cost_model(
+    tmp_path: Path, seconds: float | None, device: str
+) -> None:
+    cfg: dict[str, Any] = {"policy": "prefix", "draft_step_seconds": seconds}
+    decider = scheduler_bridge.load_decider(7, env=_env(tmp_path, **cfg), device=device)
+    assert decider is not None
+    table = load_cost_table(tmp_path / "sps.json")
+    assert decider.cost_table == table
+    # The table plus the draft, as the policy prices it (the table itself without one).
+    assert decider.cost_model == with_fixed_step_cost(table, seconds or 0.0)
+    if not seconds:
+        assert decider.cost_model is decider.cost_table
+    decider = scheduler_bridge.load_decider(7, env=_env(tmp_path, policy="static", static_k=3))
+    assert decider is not None and decider.cost_model is None
 
 
 def test_a_gpu_worker_times_nothing_and_says_how_to_set_it(
@@ -248,6 +270,28 @@ def test_the_worker_skips_fallback_rounds_and_survives_a_timing_error(
     assert any(
         "timing decode rounds failed (ZeroDivisionError" in r.getMessage() for r in caplog.records
     )
+
+
+@pytest.mark.sglang
+def test_the_rounds_shape_and_its_metrics_count_the_same_verify_lengths() -> None:
+    from dspark_sglang.sglang_integration.dspark_moe_worker import DSparkMoeWorker
+
+    worker = DSparkMoeWorker.__new__(DSparkMoeWorker)
+    worker._verify_planner = types.SimpleNamespace()
+    worker.verify_num_draft_tokens = 8
+    seen: list[torch.Tensor] = []
+    worker._dspark_metrics = types.SimpleNamespace(observe_round=lambda a, v: seen.append(v))
+    # cap_lens when the result has them, else the whole block for every request.
+    for cap, total in (([3, 5, 1], 9), (None, 24)):
+        accept = torch.ones(3, dtype=torch.int32)
+        caps = None if cap is None else torch.tensor(cap, dtype=torch.int32)
+        result = types.SimpleNamespace(accept_lens=accept, cap_lens=caps)
+        assert worker._round_shape(result) == (3, total)
+        worker._observe_round(result)
+        assert seen[-1].dtype == torch.int32 and int(seen[-1].sum()) == total
+        assert seen[-1] is caps if caps is not None else seen[-1].tolist() == [8, 8, 8]
+    empty = types.SimpleNamespace(accept_lens=torch.ones(0, dtype=torch.int32), cap_lens=None)
+    assert worker._round_shape(empty) == (0, 0)
 
 
 def test_a_mtp1_or_gpu_decider_attaches_no_timer(tmp_path: Path) -> None:
