@@ -3,15 +3,17 @@
 Why this exists: the README's first command must show what users actually run
 -- SGLang's real ``Engine`` with our drafter behind
 ``--speculative-algorithm DSPARK_MOE`` -- not the pure-PyTorch reference
-generator. The demo starts the engine twice, one after the other (two CPU
-engines at once would fight over 2 cores and skew both timings): first plain
-decoding, then DSPARK_MOE with the embedded drafter, on the same greedy chat
-prompts with ``--concurrency`` requests in flight (one by default: speculative decoding
-is for per-request latency), and prints per engine tokens/s (wall time of ``generate`` only, after
-a short warm-up on a different prompt so neither run pays first-call costs or
-hits the other's radix cache; ``--passes`` timed passes per engine, each from an
-empty radix cache so that every pass computes the same thing, of which the
-median counts, because one pass on a shared machine can be off by a third), the
+generator. The demo starts two engines, each in its own process
+(``engine_process``): plain decoding, and DSPARK_MOE with the embedded drafter. It
+times them in turns on the same greedy chat prompts, with ``--concurrency`` requests
+in flight (one by default: speculative decoding is for per-request latency):
+``--passes`` timed passes per engine in the order plain, DSPARK_MOE, DSPARK_MOE,
+plain, ..., so the machine's drift over minutes hits both alike. The engine waiting
+for its turn sleeps (SGLang's ``sleep_on_idle``) and takes no CPU from the other.
+It prints per engine tokens/s (wall time of ``generate`` only, after a short warm-up
+on a different prompt so neither run pays first-call costs; every pass starts from an
+empty radix cache so that every pass computes the same thing; the median of the
+passes counts, because one pass on a shared machine can be off by a third), the
 speed ratio of the medians, SGLang's accepted length per
 verify round, and whether the outputs are token-identical. Greedy verification
 is lossless, so they must be; where a prompt's outputs differ the demo names
@@ -90,7 +92,7 @@ __all__ = [
     "flush_radix_cache",
     "plan_demo",
     "resolve_drafter",
-    "run_engine",
+    "run_engines",
     "run_sglang_demo",
     "target_top_tokens",
     "write_scheduler_config",
@@ -524,82 +526,127 @@ def flush_radix_cache(engine: Any) -> None:
         raise RuntimeError(f"SGLang refused to flush the radix cache between passes: {result!r}")
 
 
-def run_engine(
-    label: str,
-    spec: Any,
+def _timed_pass(
+    engine: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    width: int,
+    sampling: Mapping[str, Any],
+) -> tuple[float, list[dict[str, Any]]]:
+    """One pass from an empty radix cache: ``(wall seconds of the generate calls, outputs)``.
+
+    Runs in the engine's process (``EngineProcess.call``). Every pass starts from an
+    empty radix cache: a later pass that found its prompts cached would prefill only
+    their last token, a different kernel path whose rounding (bfloat16 above all) can
+    flip a near-tie, so the passes would not compute the same thing.
+    """
+    from dspark_sglang.sglang_integration.engine import generate_in_flight
+
+    flush_radix_cache(engine)
+    start = time.perf_counter()
+    out = generate_in_flight(engine, prompts, max_new_tokens, width, sampling)
+    return time.perf_counter() - start, out
+
+
+def _warm_up(engine: Any, warmup: Sequence[int]) -> None:
+    from dspark_sglang.sglang_integration.engine import generate_outputs
+
+    generate_outputs(engine, [list(warmup)], 2, {"ignore_eos": False})
+
+
+def pass_order(labels: Sequence[str], passes: int) -> list[str]:
+    """Engine labels in timing order: forward, backward, forward, ... (A B, B A, A B).
+
+    Over a pair of passes a drift that is linear in time costs each engine the same.
+    """
+    out: list[str] = []
+    for k in range(passes):
+        out += list(labels) if k % 2 == 0 else list(reversed(labels))
+    return out
+
+
+def run_engines(
+    specs: Mapping[str, Any],
     prompts: Sequence[Sequence[int]],
     warmup: Sequence[int],
     max_new_tokens: int,
     console: Any,
-    top_tokens: bool = False,
+    top_tokens_of: str | None = None,
     passes: int = 1,
     concurrency: int | None = None,
-) -> EngineRun:
-    """Start one CPU engine, warm it up, time ``passes`` passes of greedy ``generate`` calls.
+) -> dict[str, EngineRun]:
+    """Start the engines together, warm each up, time ``passes`` passes of each in turns.
 
-    A pass keeps ``concurrency`` requests in flight (all prompts at once when None): a
-    request is sent as soon as one in flight finishes (``engine.generate_in_flight``), as
-    a server under that many clients would see them; its wall time is the pass's. The
+    ``specs`` maps a label to a ``CpuEngineSpec`` (with ``sleep_on_idle``); each engine
+    runs in its own process (``engine_process``). Passes go in :func:`pass_order`. A pass
+    keeps ``concurrency`` requests in flight (all prompts at once when None): a request
+    is sent as soon as one in flight finishes (``engine.generate_in_flight``), as a server
+    under that many clients would see them; its wall time is the pass's. Per engine the
     figures are the first pass's outputs and the median wall time; a later pass whose
     outputs differ from the first's is counted (``differing_passes``).
 
     EOS is honoured (``ignore_eos=False``): the demo shows real answers; greedy
-    runs of both engines stop at the same token anyway. With ``top_tokens`` the
-    engine also computes, untimed, the target's best tokens along its outputs
+    runs of both engines stop at the same token anyway. The engine ``top_tokens_of``
+    also computes, untimed, the target's best tokens along its outputs
     (``target_top_tokens``).
     """
-    from dspark_sglang.sglang_integration.engine import (
-        cpu_engine,
-        generate_in_flight,
-        generate_outputs,
-    )
+    from dspark_sglang.sglang_integration.engine_process import engine_processes
 
     sampling = {"ignore_eos": False}
     width = len(prompts) if concurrency is None else concurrency
     if width < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if top_tokens_of is not None and top_tokens_of not in specs:
+        raise ValueError(f"top_tokens_of={top_tokens_of!r} names no engine of {sorted(specs)}")
+    sent = [list(p) for p in prompts]
+    walls: dict[str, list[float]] = {label: [] for label in specs}
+    outputs: dict[str, list[dict[str, Any]]] = {}
+    differing: dict[str, list[list[list[int]]]] = {label: [] for label in specs}
+    names = " and ".join(specs)
     with contextlib.ExitStack() as stack:
         with console.status(
-            f"starting SGLang's engine on CPU for {label} (a scheduler process loads the "
-            "model; this takes ~20-60 s)"
+            f"starting SGLang's engines on CPU for {names}, each in its own process (each "
+            "scheduler process loads the model; this takes ~20-60 s)"
         ):
-            engine = stack.enter_context(cpu_engine(spec))
-            generate_outputs(engine, [list(warmup)], 2, sampling)
-        walls: list[float] = []
-        differing: list[list[list[int]]] = []
-        outputs: list[dict[str, Any]] = []
-        for k in range(passes):
-            # Every pass starts from an empty radix cache: a later pass that found its
-            # prompts cached would prefill only their last token, a different kernel
-            # path whose rounding (bfloat16 above all) can flip a near-tie, so the
-            # passes would not compute the same thing.
-            flush_radix_cache(engine)
+            engines = stack.enter_context(engine_processes(specs))
+            for engine in engines.values():
+                engine.call(_warm_up, list(warmup))
+        order = pass_order(list(specs), passes)
+        for i, label in enumerate(order):
             with console.status(
                 f"{label}: generating {len(prompts)} prompts, {width} in flight "
-                f"(timed pass {k + 1} of {passes})"
+                f"(timed pass {len(walls[label]) + 1} of {passes}; {i + 1} of {len(order)} "
+                "in all, engines in turns)"
             ):
-                start = time.perf_counter()
-                out = generate_in_flight(engine, prompts, max_new_tokens, width, sampling)
-                walls.append(time.perf_counter() - start)
-            if k == 0:
-                outputs = out
-            elif [o["output_ids"] for o in out] != [o["output_ids"] for o in outputs]:
-                differing.append([list(o["output_ids"]) for o in out])
-        wall = statistics.median(walls)
+                wall, out = engines[label].call(_timed_pass, sent, max_new_tokens, width, sampling)
+            walls[label].append(wall)
+            if label not in outputs:
+                outputs[label] = out
+            elif [o["output_ids"] for o in out] != [o["output_ids"] for o in outputs[label]]:
+                differing[label].append([list(o["output_ids"]) for o in out])
         tops: tuple[tuple[TopTokens | None, ...], ...] = ()
-        if top_tokens:
-            with console.status(f"{label}: target's best tokens along the outputs (untimed)"):
-                tops = target_top_tokens(engine, prompts, [o["output_ids"] for o in outputs])
-        each = ", ".join(f"{w:.2f}" for w in walls)
-        console.print(f"{label}: {each} s; shutting the engine down", highlight=False)
-    return EngineRun.from_outputs(
-        label,
-        outputs,
-        wall,
-        tops,
-        pass_walls=walls if passes > 1 else (),
-        differing_outputs=differing,
-    )
+        if top_tokens_of is not None:
+            with console.status(
+                f"{top_tokens_of}: target's best tokens along the outputs (untimed)"
+            ):
+                tops = engines[top_tokens_of].call(
+                    target_top_tokens, sent, [o["output_ids"] for o in outputs[top_tokens_of]]
+                )
+        for label in specs:
+            each = ", ".join(f"{w:.2f}" for w in walls[label])
+            console.print(f"{label}: {each} s", highlight=False)
+        console.print("shutting the engines down", highlight=False)
+    return {
+        label: EngineRun.from_outputs(
+            label,
+            outputs[label],
+            statistics.median(walls[label]),
+            tops if label == top_tokens_of else (),
+            pass_walls=walls[label] if passes > 1 else (),
+            differing_outputs=differing[label],
+        )
+        for label in specs
+    }
 
 
 def _fmt(x: float, digits: int = 2) -> str:
@@ -739,7 +786,13 @@ def run_sglang_demo(
         _, tokenizer = _target_spec(plan.model_path)
         warmup = tokenizer(_WARMUP_TEXT, add_special_tokens=False)["input_ids"]
         # Errors only: SGLang's CPU start-up logs a page of irrelevant GPU/import warnings.
-        base = {"host": _HOST, "log_level": "error", "dtype": plan.dtype.dtype}
+        # sleep_on_idle: the engine waiting for its turn sleeps instead of polling.
+        base = {
+            "host": _HOST,
+            "log_level": "error",
+            "dtype": plan.dtype.dtype,
+            "sleep_on_idle": True,
+        }
         plain_spec = CpuEngineSpec(
             model_path=str(plan.model_path), overrides=base, omp_threads=plan.omp_threads
         )
@@ -769,27 +822,17 @@ def run_sglang_demo(
             highlight=False,
         )
         try:
-            plain = run_engine(
-                "plain",
-                plain_spec,
+            runs = run_engines(
+                {"plain": plain_spec, "DSPARK_MOE": dspark_spec},
                 plan.prompts,
                 warmup,
                 plan.max_new_tokens,
                 console,
-                top_tokens=True,
+                top_tokens_of="plain",
                 passes=plan.passes,
                 concurrency=plan.concurrency,
             )
-            spec = run_engine(
-                "DSPARK_MOE",
-                dspark_spec,
-                plan.prompts,
-                warmup,
-                plan.max_new_tokens,
-                console,
-                passes=plan.passes,
-                concurrency=plan.concurrency,
-            )
+            plain, spec = runs["plain"], runs["DSPARK_MOE"]
         except ImportError as exc:
             print(
                 f"demo: error: SGLang is not importable ({exc}); build the venv with "
