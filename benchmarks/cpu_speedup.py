@@ -32,13 +32,19 @@ stragglers that plain decoding never has.)
 same number of tokens. Temperature 0 is greedy; temperature > 0 samples with no top-k /
 top-p, the engines seeded with ``--seed``.
 
-Each repeat starts every engine once, one after the other (never two alive: they would
-share the cores), in an order rotated by one engine per repeat; each gets an untimed
-warm-up request per temperature (on a different prompt), then runs every cell, set by
-set. Right before each cell the engine prefills that cell's prompts once, untimed (one
-token each), so every timed cell finds its prompts' prefill in the radix cache: the cells
-time decoding, the part speculation changes. NGRAM's n-gram corpus still holds what the
-engine generated in earlier cells, but for other prompts, never the cell's own.
+Each repeat starts every engine once, each in its own process
+(``sglang_integration.engine_process``), one after the other in an order rotated by one
+engine per repeat, and keeps them all alive for the repeat: an engine waiting for its
+turn sleeps (SGLang's ``sleep_on_idle``) and takes no CPU from the one being timed. Each
+gets an untimed warm-up request per temperature (on a different prompt). Then the cells
+run set by set, and within a cell the engines take turns, in the start order in even
+cells and reversed in odd ones (``engine_process.turns``), so every engine's figure for a
+cell is timed within a minute or so of the others' and the machine's drift hits them
+alike. Right before its turn in a cell an engine prefills that cell's prompts once,
+untimed (one token each), so every timed cell finds its prompts' prefill in the radix
+cache: the cells time decoding, the part speculation changes. NGRAM's n-gram corpus still
+holds what the engine generated in earlier cells, but for other prompts, never the
+cell's own.
 
 A row is one cell and one speculative engine, against the plain engine's same cell of the
 same repeat: tokens/s of both, their ratio (per repeat, then median and range over
@@ -69,13 +75,13 @@ average; read the ratios, measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as md
 import math
 import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -570,6 +576,8 @@ def engine_specs(
         "mem_fraction_static": args.mem_fraction_static,
         "max_total_tokens": args.max_total_tokens,
         "random_seed": args.seed,
+        # The engines of a repeat are alive together; the ones waiting sleep.
+        "sleep_on_idle": True,
     }
     # One engine per policy serves every cell, so it drafts by argmax only when every
     # request of the run is greedy; run temperature 0 on its own to measure that tier.
@@ -632,54 +640,69 @@ def sampling(temperature: float) -> dict[str, Any]:
     return {"temperature": temperature} if temperature > 0 else {}
 
 
-def run_engine(
-    engine_def: Engine,
-    spec: Any,
+def run_repeat(
+    all_engines: Sequence[Engine],
+    specs: Mapping[str, Any],
     cells: Sequence[Cell],
     prompts: Mapping[Cell, Sequence[Sequence[int]]],
     warmup: Sequence[int],
     max_new_tokens: int,
+    repeat: int,
     console: Any,
-) -> tuple[dict[Cell, Any], float]:
-    """Start one engine, warm it up untimed, run every cell; ``({cell: EngineRun}, start-up s)``.
+) -> tuple[dict[str, dict[Cell, Any]], dict[str, float], list[list[str]]]:
+    """One repeat: start every engine, then every cell with the engines taking turns.
 
-    ``prompts[cell]`` is the cell's own prompts (``cell_prompt_slices``). Right before each
-    cell its prompts are prefilled once, untimed (one token each), so every timed cell
-    finds its prompts in the radix cache alike. After a greedy cell the plain engine also
-    computes, untimed, the target's best tokens along its outputs (``demo.target_top_tokens``).
+    Returns ``({label: {cell: EngineRun}}, {label: start-up s}, per cell the engine order)``.
+    ``prompts[cell]`` is the cell's own prompts (``cell_prompt_slices``). Right before its
+    turn in a cell an engine prefills the cell's prompts once, untimed (one token each),
+    so every timed cell finds its prompts in the radix cache alike. After its turn in a
+    greedy cell the plain engine also computes, untimed, the target's best tokens along its
+    outputs (``demo.target_top_tokens``).
     """
     from dspark_sglang.sglang_integration.demo import EngineRun, target_top_tokens
-    from dspark_sglang.sglang_integration.engine import (
-        cpu_engine,
-        generate_in_flight,
-        generate_outputs,
-    )
+    from dspark_sglang.sglang_integration.engine import generate_outputs, timed_in_flight
+    from dspark_sglang.sglang_integration.engine_process import engine_processes, turns
 
-    out: dict[Cell, Any] = {}
-    t0 = time.perf_counter()
-    with cpu_engine(spec) as engine:
-        startup = time.perf_counter() - t0
-        for temperature in sorted({c.temperature for c in cells}):
-            generate_outputs(engine, [list(warmup)], 8, sampling(temperature))
-        for cell in cells:
+    start_order = [e.label for e in rotated(all_engines, repeat)]
+    algorithm = {e.label: e.algorithm for e in all_engines}
+    width = len(start_order)
+    flat = turns(start_order, len(cells))
+    orders = [flat[j * width : (j + 1) * width] for j in range(len(cells))]
+    out: dict[str, dict[Cell, Any]] = {label: {} for label in start_order}
+    with contextlib.ExitStack() as stack:
+        with console.status(
+            f"repeat {repeat + 1}: starting {', '.join(start_order)}, one after the other, "
+            "each in its own process (~20-60 s each)"
+        ):
+            procs = stack.enter_context(
+                engine_processes({label: specs[label] for label in start_order}, one_at_a_time=True)
+            )
+            for proc in procs.values():
+                for temperature in sorted({c.temperature for c in cells}):
+                    proc.call(generate_outputs, [list(warmup)], 8, sampling(temperature))
+        for cell, order in zip(cells, orders, strict=True):
             own = prompts[cell]
-            generate_outputs(engine, [list(p) for p in own], 1)  # untimed: prefills cached
             check_cell_size(len(own), cell.concurrency)
             sent = [list(p) for p in own]
-            start = time.perf_counter()
-            outputs = generate_in_flight(
-                engine, sent, max_new_tokens, cell.concurrency, sampling(cell.temperature)
-            )
-            wall = time.perf_counter() - start
-            tops: tuple[Any, ...] = ()
-            if engine_def.algorithm == PLAIN and cell.temperature == 0:
-                tops = target_top_tokens(engine, sent, [o["output_ids"] for o in outputs])
-            out[cell] = run = EngineRun.from_outputs(engine_def.label, outputs, wall, tops)
-            console.print(
-                f"{engine_def.label}: {cell.label}: {run.tokens_per_second:.2f} tok/s",
-                highlight=False,
-            )
-    return out, startup
+            for label in order:
+                proc = procs[label]
+                proc.call(generate_outputs, sent, 1)  # untimed: prefills cached
+                wall, outputs = proc.call(
+                    timed_in_flight,
+                    sent,
+                    max_new_tokens,
+                    cell.concurrency,
+                    sampling(cell.temperature),
+                )
+                tops: tuple[Any, ...] = ()
+                if algorithm[label] == PLAIN and cell.temperature == 0:
+                    tops = proc.call(target_top_tokens, sent, [o["output_ids"] for o in outputs])
+                out[label][cell] = run = EngineRun.from_outputs(label, outputs, wall, tops)
+                console.print(
+                    f"{label}: {cell.label}: {run.tokens_per_second:.2f} tok/s", highlight=False
+                )
+        startups = {label: float(procs[label].startup_s or 0.0) for label in start_order}
+    return out, startups, orders
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -751,9 +774,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "prompts_per_cell; prompt_indices), the same for every engine; concurrency c: "
                 "c requests in flight, the next prompt sent as one finishes (async_generate); "
                 "tok/s = tokens / wall time of the cell",
-                "order": "each repeat starts every engine once, never two alive, in an order "
-                "rotated by one per repeat; untimed warm-up per temperature, then every cell; "
-                "right before each cell an untimed one-token pass over its prompts puts their "
+                "order": "each repeat starts every engine once, each in its own process, one "
+                "after the other in an order rotated by one per repeat, all alive for the "
+                "repeat (sleep_on_idle: a waiting engine sleeps); untimed warm-up per "
+                "temperature; then cell by cell the engines take turns, in the start order in "
+                "even cells and reversed in odd ones (raw[].cell_orders); right before its "
+                "turn an engine's untimed one-token pass over the cell's prompts puts their "
                 "prefill in the radix cache; NGRAM's corpus carries earlier cells' outputs, "
                 "for other prompts",
                 "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
@@ -765,23 +791,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw: list[dict[str, Any]] = []
         try:
             for rep in range(args.repeats):
-                order = rotated(all_engines, rep)
-                starts: dict[str, float] = {}
-                for eng in order:
-                    console.print(f"repeat {rep + 1}/{args.repeats}: starting {eng.label}")
-                    cell_runs, starts[eng.label] = run_engine(
-                        eng,
-                        specs[eng.label],
-                        cells,
-                        prompts,
-                        warmup,
-                        args.max_new_tokens,
-                        console,
-                    )
-                    runs[eng.label].append(cell_runs)
+                rep_runs, starts, orders = run_repeat(
+                    all_engines,
+                    specs,
+                    cells,
+                    prompts,
+                    warmup,
+                    args.max_new_tokens,
+                    rep,
+                    console,
+                )
+                for label, cell_runs in rep_runs.items():
+                    runs[label].append(cell_runs)
                 raw.append(
                     {
-                        "order": [e.label for e in order],
+                        "order": [e.label for e in rotated(all_engines, rep)],
+                        "cell_orders": orders,
                         "engine_startup_s": starts,
                         "cells": [
                             {

@@ -57,7 +57,6 @@ import math
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -526,45 +525,6 @@ def flush_radix_cache(engine: Any) -> None:
         raise RuntimeError(f"SGLang refused to flush the radix cache between passes: {result!r}")
 
 
-def _timed_pass(
-    engine: Any,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    width: int,
-    sampling: Mapping[str, Any],
-) -> tuple[float, list[dict[str, Any]]]:
-    """One pass from an empty radix cache: ``(wall seconds of the generate calls, outputs)``.
-
-    Runs in the engine's process (``EngineProcess.call``). Every pass starts from an
-    empty radix cache: a later pass that found its prompts cached would prefill only
-    their last token, a different kernel path whose rounding (bfloat16 above all) can
-    flip a near-tie, so the passes would not compute the same thing.
-    """
-    from dspark_sglang.sglang_integration.engine import generate_in_flight
-
-    flush_radix_cache(engine)
-    start = time.perf_counter()
-    out = generate_in_flight(engine, prompts, max_new_tokens, width, sampling)
-    return time.perf_counter() - start, out
-
-
-def _warm_up(engine: Any, warmup: Sequence[int]) -> None:
-    from dspark_sglang.sglang_integration.engine import generate_outputs
-
-    generate_outputs(engine, [list(warmup)], 2, {"ignore_eos": False})
-
-
-def pass_order(labels: Sequence[str], passes: int) -> list[str]:
-    """Engine labels in timing order: forward, backward, forward, ... (A B, B A, A B).
-
-    Over a pair of passes a drift that is linear in time costs each engine the same.
-    """
-    out: list[str] = []
-    for k in range(passes):
-        out += list(labels) if k % 2 == 0 else list(reversed(labels))
-    return out
-
-
 def run_engines(
     specs: Mapping[str, Any],
     prompts: Sequence[Sequence[int]],
@@ -578,7 +538,7 @@ def run_engines(
     """Start the engines together, warm each up, time ``passes`` passes of each in turns.
 
     ``specs`` maps a label to a ``CpuEngineSpec`` (with ``sleep_on_idle``); each engine
-    runs in its own process (``engine_process``). Passes go in :func:`pass_order`. A pass
+    runs in its own process (``engine_process``), passes in ``engine_process.turns``. A pass
     keeps ``concurrency`` requests in flight (all prompts at once when None): a request
     is sent as soon as one in flight finishes (``engine.generate_in_flight``), as a server
     under that many clients would see them; its wall time is the pass's. Per engine the
@@ -590,7 +550,8 @@ def run_engines(
     also computes, untimed, the target's best tokens along its outputs
     (``target_top_tokens``).
     """
-    from dspark_sglang.sglang_integration.engine_process import engine_processes
+    from dspark_sglang.sglang_integration.engine import generate_outputs, timed_in_flight
+    from dspark_sglang.sglang_integration.engine_process import engine_processes, turns
 
     sampling = {"ignore_eos": False}
     width = len(prompts) if concurrency is None else concurrency
@@ -610,15 +571,21 @@ def run_engines(
         ):
             engines = stack.enter_context(engine_processes(specs))
             for engine in engines.values():
-                engine.call(_warm_up, list(warmup))
-        order = pass_order(list(specs), passes)
+                engine.call(generate_outputs, [list(warmup)], 2, sampling)
+        order = turns(list(specs), passes)
         for i, label in enumerate(order):
             with console.status(
                 f"{label}: generating {len(prompts)} prompts, {width} in flight "
                 f"(timed pass {len(walls[label]) + 1} of {passes}; {i + 1} of {len(order)} "
                 "in all, engines in turns)"
             ):
-                wall, out = engines[label].call(_timed_pass, sent, max_new_tokens, width, sampling)
+                # Every pass starts from an empty radix cache: a later pass that found its
+                # prompts cached would prefill only their last token, a different kernel
+                # path whose rounding (bfloat16 above all) can flip a near-tie.
+                engines[label].call(flush_radix_cache)
+                wall, out = engines[label].call(
+                    timed_in_flight, sent, max_new_tokens, width, sampling
+                )
             walls[label].append(wall)
             if label not in outputs:
                 outputs[label] = out

@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -32,7 +33,7 @@ from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineProcess", "engine_processes"]
+__all__ = ["EngineProcess", "engine_processes", "turns"]
 
 #: Seconds a stopping engine process gets to shut SGLang down before it is killed.
 STOP_TIMEOUT_S = 60.0
@@ -83,6 +84,9 @@ class EngineProcess:
         )
         self._child_conn = child
         self._started = False
+        self._launched_at = 0.0
+        #: Seconds from :meth:`launch` until the engine was ready (set by :meth:`wait_ready`).
+        self.startup_s: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -90,6 +94,7 @@ class EngineProcess:
 
     def launch(self) -> None:
         """Spawn the process (returns at once; :meth:`wait_ready` waits for the engine)."""
+        self._launched_at = time.perf_counter()
         self._proc.start()
         self._child_conn.close()
         self._started = True
@@ -121,6 +126,7 @@ class EngineProcess:
         kind, _ = self._reply()
         if kind != "ready":
             raise RuntimeError(f"the engine process for {self.label} sent {kind!r} at start-up")
+        self.startup_s = time.perf_counter() - self._launched_at
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(engine, *args)`` in the engine's process; its result, or its exception."""
@@ -154,10 +160,15 @@ class EngineProcess:
 
 
 @contextlib.contextmanager
-def engine_processes(specs: Mapping[str, CpuEngineSpec]) -> Iterator[dict[str, EngineProcess]]:
-    """Start one :class:`EngineProcess` per label, all at once; stop them all on exit.
+def engine_processes(
+    specs: Mapping[str, CpuEngineSpec], *, one_at_a_time: bool = False
+) -> Iterator[dict[str, EngineProcess]]:
+    """Start one :class:`EngineProcess` per label; stop them all on exit.
 
-    With several engines every spec must set ``sleep_on_idle`` (see the module docstring).
+    All at once by default; ``one_at_a_time`` starts each after the previous one is ready
+    (each ``startup_s`` is then its own, and engines that size their KV pool from free
+    memory do not see each other's allocations in flight). With several engines every
+    spec must set ``sleep_on_idle`` (see the module docstring).
     """
     if len(specs) > 1:
         awake = [k for k, s in specs.items() if not s.server_kwargs().get("sleep_on_idle")]
@@ -170,9 +181,23 @@ def engine_processes(specs: Mapping[str, CpuEngineSpec]) -> Iterator[dict[str, E
     try:
         for p in procs.values():
             p.launch()
-        for p in procs.values():
-            p.wait_ready()
+            if one_at_a_time:
+                p.wait_ready()
+        if not one_at_a_time:
+            for p in procs.values():
+                p.wait_ready()
         yield procs
     finally:
         for p in procs.values():
             p.close()
+
+
+def turns(labels: Sequence[str], rounds: int) -> list[str]:
+    """Labels in timing order, ``rounds`` times: forward, backward, ... (A B, B A, A B).
+
+    Over a pair of rounds a drift that is linear in time costs each engine the same.
+    """
+    out: list[str] = []
+    for k in range(rounds):
+        out += list(labels) if k % 2 == 0 else list(reversed(labels))
+    return out

@@ -373,6 +373,8 @@ def test_engine_specs_share_one_base_and_route_each_policy(
     plain = specs["plain"]
     assert plain.env == {} and plain.omp_threads == 2
     assert plain.overrides["random_seed"] == 3 and plain.overrides["dtype"] == "float32"
+    # A repeat's engines are alive together and take turns: the waiting ones must sleep.
+    assert plain.overrides["sleep_on_idle"] is True
     spec_keys = {"speculative_algorithm", "speculative_draft_model_path"}
     for label, spec in specs.items():
         assert spec.model_path == str(smollm2_path)

@@ -9,9 +9,8 @@ from typing import Any
 import psutil
 import pytest
 
-from dspark_sglang.sglang_integration.demo import pass_order
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec
-from dspark_sglang.sglang_integration.engine_process import EngineProcess, engine_processes
+from dspark_sglang.sglang_integration.engine_process import EngineProcess, engine_processes, turns
 
 NEW_TOKENS = 64  # as the hf_reference fixture (conftest.py)
 
@@ -39,9 +38,9 @@ def _cpu_seconds(p: psutil.Process) -> float:
 
 
 def test_passes_alternate_so_linear_drift_hits_each_engine_alike() -> None:
-    assert pass_order(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
-    assert pass_order(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
-    assert pass_order(["a"], 2) == ["a", "a"]
+    assert turns(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+    assert turns(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
+    assert turns(["a"], 2) == ["a", "a"]
 
 
 def test_engines_that_would_poll_while_waiting_are_refused_before_starting() -> None:
