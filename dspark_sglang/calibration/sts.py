@@ -39,6 +39,8 @@ import msgspec
 import torch
 
 __all__ = [
+    "GREEDY_STS_FILENAME",
+    "STS_FILENAME",
     "StsCalibration",
     "StsEvaluation",
     "StsFit",
@@ -228,6 +230,17 @@ def survival_probs(confidences: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- #
 # Fitting.
 # --------------------------------------------------------------------------- #
+
+
+STS_FILENAME = "sts.json"
+"""A drafter folder's STS file: fitted on rollouts at the temperature its tiers sample at."""
+
+GREEDY_STS_FILENAME = "sts_greedy.json"
+"""A drafter folder's STS file for greedy-only tiers, fitted on greedy rollouts (optional).
+
+Greedy acceptance (the draft's argmax equals the target's) is not sampled acceptance
+(``min(1, p/q)``): a confidence head calibrated at temperature 1 underestimates it where
+the target is confident, and a scheduler reading it verifies too little."""
 
 
 @dataclass(frozen=True)

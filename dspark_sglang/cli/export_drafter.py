@@ -38,6 +38,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="STS calibration JSON to ship beside the weights as sts.json (validated)",
     )
     p.add_argument(
+        "--sts-greedy",
+        type=Path,
+        default=None,
+        help="STS calibration JSON fitted on greedy rollouts (bench acceptance --temperature "
+        "0), shipped as sts_greedy.json: greedy-only tiers use it instead of sts.json",
+    )
+    p.add_argument(
         "--target",
         default="smollm2",
         help="target the drafter belongs to: 'smollm2' or an HF model folder (default smollm2)",
@@ -89,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             args.to,
             dtype=args.dtype,
             sts=args.sts,
+            sts_greedy=args.sts_greedy,
             target=args.target,
             draft_vocab_size=args.draft_vocab_size,
             draft_vocab_data=args.draft_vocab_data,

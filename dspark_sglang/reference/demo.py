@@ -112,11 +112,11 @@ def build_policy(
 
 def sts_temperatures(sts: Path | None, drafter: Path | None) -> Any:
     """``sts``, else the drafter's own ``sts.json`` (shipped beside the weights), else T = 1."""
-    from dspark_sglang.calibration.sts import load_sts
+    from dspark_sglang.calibration.sts import STS_FILENAME, load_sts
 
     path = sts
     if path is None:
-        shipped = Path(drafter if drafter is not None else DEFAULT_DRAFTER_DIR) / "sts.json"
+        shipped = Path(drafter if drafter is not None else DEFAULT_DRAFTER_DIR) / STS_FILENAME
         path = shipped if shipped.is_file() else None
     return None if path is None else load_sts(path).temperatures
 

@@ -75,10 +75,10 @@ from dspark_sglang.sglang_integration.greedy_check import (
 )
 from dspark_sglang.sglang_integration.launch import (
     GREEDY_DRAFT_ENV,
-    STS_FILENAME,
     LaunchError,
     check_sts_block_size,
     drafter_block_size,
+    drafter_sts,
     scheduler_env,
 )
 
@@ -407,9 +407,10 @@ def write_scheduler_config(
     from dspark_sglang.scheduling.config import SchedulerConfig
 
     sts = args.sts
-    if sts is None and (drafter_dir / STS_FILENAME).is_file():
-        sts = drafter_dir / STS_FILENAME
-        console.print(f"STS calibration: {sts}")
+    if sts is None:
+        sts = drafter_sts(drafter_dir, greedy_only=greedy_only)
+        if sts is not None:
+            console.print(f"STS calibration: {sts}")
     from dspark_sglang.calibration.sts import load_sts
     from dspark_sglang.scheduling import load_cost_table
 

@@ -13,7 +13,8 @@ benchmarks, the tests), so none of them types a number twice or checks it its ow
 * ``SGLANG_DSPARK_USE_GREEDY_DRAFT`` (SGLang's argmax draft) is on exactly for
   tiers that serve greedy requests only (``SchedulerConfig.greedy_draft``,
   :func:`scheduler_env`);
-* the drafter folder's STS file is :data:`STS_FILENAME`;
+* the drafter folder's STS file for a tier is :func:`drafter_sts` (:data:`STS_FILENAME`,
+  or :data:`GREEDY_STS_FILENAME` for a greedy-only tier when the drafter ships one);
 * a drafter whose attention heads cannot be split evenly over the tensor-parallel
   ranks is refused on devices that do not pad heads (:func:`check_draft_heads`).
 
@@ -33,12 +34,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from dspark_sglang.calibration.sts import GREEDY_STS_FILENAME, STS_FILENAME
 from dspark_sglang.scheduling.config import RAGGED_VERIFY_MODES, SchedulerConfig
 from dspark_sglang.scheduling.config import num_draft_tokens as draft_tokens_for
 
 __all__ = [
     "CONFIG_ENV",
     "GREEDY_DRAFT_ENV",
+    "GREEDY_STS_FILENAME",
     "RAGGED_MODE_ENV",
     "STS_FILENAME",
     "LaunchError",
@@ -50,6 +53,7 @@ __all__ = [
     "check_sts_block_size",
     "drafter_block_size",
     "drafter_heads",
+    "drafter_sts",
     "greedy_draft_note",
     "is_dspark_moe_drafter",
     "scheduler_env",
@@ -67,7 +71,6 @@ GREEDY_DRAFT_ENV = "SGLANG_DSPARK_USE_GREEDY_DRAFT"
 #: ours, and only when this is set; leave it unset in production.
 DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 #: The STS calibration that travels with a drafter checkpoint.
-STS_FILENAME = "sts.json"
 #: Where the chart's values set the block size (named in errors chart users see).
 CHART_BLOCK_SIZE = "slaTiers[].scheduler.blockSize"
 
@@ -94,6 +97,20 @@ def drafter_block_size(folder: str | Path) -> int:
             f"{path}: dspark_config.block_size must be an integer >= 1, got {block!r}"
         )
     return block
+
+
+def drafter_sts(folder: str | Path, *, greedy_only: bool) -> Path | None:
+    """The drafter folder's STS file for a tier, or None when it ships none.
+
+    A greedy-only tier takes :data:`GREEDY_STS_FILENAME` when the folder has it (fitted on
+    greedy rollouts: argmax drafts against the target's argmax); every other tier, and a
+    greedy one without it, takes :data:`STS_FILENAME`.
+    """
+    names = (GREEDY_STS_FILENAME, STS_FILENAME) if greedy_only else (STS_FILENAME,)
+    for name in names:
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
 
 
 def is_dspark_moe_drafter(folder: str | Path) -> bool:

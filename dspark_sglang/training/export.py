@@ -2,8 +2,9 @@
 
 ``export_drafter`` loads the checkpoint against its target (so any mismatch is
 refused here, not in SGLang's scheduler), re-saves config and weights at the chosen
-dtype and ships a validated STS file beside them as ``sts.json``. It replaces
-only the files an export writes (a stale ``sts.json`` belongs to the old drafter)
+dtype and ships a validated STS file beside them as ``sts.json`` (and one fitted on
+greedy rollouts as ``sts_greedy.json``, for greedy-only tiers). It replaces
+only the files an export writes (a stale STS file belongs to the old drafter)
 and keeps anything else in the folder, e.g. the README of a shipped drafter.
 
 With a token map (``draft_vocab_size`` and ``draft_vocab_data``, a data-stage folder
@@ -24,9 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_sglang.calibration.sts import GREEDY_STS_FILENAME, STS_FILENAME
+
 __all__ = ["EXPORTED_FILES", "ExportResult", "export_drafter"]
 
-EXPORTED_FILES = ("config.json", "model.safetensors", "sts.json")
+EXPORTED_FILES = ("config.json", "model.safetensors", STS_FILENAME, GREEDY_STS_FILENAME)
 DRAFT_VOCAB_RANKINGS = ("count", "mass")
 """How ``--draft-vocab-by`` ranks the target's tokens for the map."""
 """The files an export owns in its destination folder."""
@@ -53,6 +56,7 @@ def export_drafter(
     dtype: str,
     sts: Path | None,
     target: str,
+    sts_greedy: Path | None = None,
     draft_vocab_size: int | None = None,
     draft_vocab_data: Path | None = None,
     draft_vocab_by: str = "count",
@@ -104,12 +108,13 @@ def export_drafter(
             f"--from {source}: an EAGLE3-style AR drafter; export ships DSpark/DFlash "
             "drafters (the SGLang DSPARK_MOE model class)"
         )
-    cal = load_sts(sts) if sts is not None else None
-    if cal is not None and cal.block_size != ckpt.block_size:
-        raise ValueError(
-            f"--sts has {cal.block_size} temperatures but the drafter's block size is "
-            f"{ckpt.block_size}; fit STS on this drafter's rollouts"
-        )
+    for flag_name, given in (("--sts", sts), ("--sts-greedy", sts_greedy)):
+        cal = load_sts(given) if given is not None else None
+        if cal is not None and cal.block_size != ckpt.block_size:
+            raise ValueError(
+                f"{flag_name} has {cal.block_size} temperatures but the drafter's block size "
+                f"is {ckpt.block_size}; fit STS on this drafter's rollouts"
+            )
     path = ensure_smollm2() if target == "smollm2" else Path(target)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
@@ -153,7 +158,9 @@ def export_drafter(
         (dest / name).unlink(missing_ok=True)
     save_drafter(drafter, dest, dtype=getattr(torch, dtype))
     if sts is not None:
-        shutil.copyfile(sts, dest / "sts.json")
+        shutil.copyfile(sts, dest / STS_FILENAME)
+    if sts_greedy is not None:
+        shutil.copyfile(sts_greedy, dest / GREEDY_STS_FILENAME)
     size = sum(dest.joinpath(n).stat().st_size for n in EXPORTED_FILES if (dest / n).is_file())
     kept = tuple(sorted(p.name for p in dest.iterdir() if p.name not in EXPORTED_FILES))
     return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept, coverage, greedy_coverage)

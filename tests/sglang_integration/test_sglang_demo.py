@@ -26,7 +26,12 @@ from dspark_sglang.sglang_integration.demo import (
     write_scheduler_config,
 )
 from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTokens
-from dspark_sglang.sglang_integration.launch import STS_FILENAME, scheduler_env
+from dspark_sglang.sglang_integration.launch import (
+    GREEDY_STS_FILENAME,
+    STS_FILENAME,
+    drafter_sts,
+    scheduler_env,
+)
 
 
 def test_engine_run_aggregates_sglang_meta_info() -> None:
@@ -124,6 +129,31 @@ def test_policy_becomes_a_scheduler_config_with_the_drafters_sts(tmp_path: Path)
     }
     assert scheduler_env(path) == env
     assert _plan(tmp_path, path).dspark_env == env
+
+
+def test_a_greedy_only_tier_takes_the_drafters_greedy_sts(tmp_path: Path) -> None:
+    """Greedy acceptance is not sampled acceptance: a greedy-only tier reads the drafter's
+    fit on greedy rollouts when it ships one, every other tier its ``sts.json``."""
+    drafter = _drafter_dir(tmp_path, 5, 5)
+    greedy = drafter / GREEDY_STS_FILENAME
+    StsCalibration(temperatures=(0.5,) * 5).save(greedy)
+    quiet = Console(quiet=True)
+    for greedy_only, expected in ((True, greedy), (False, drafter / STS_FILENAME)):
+        work = tmp_path / f"work-{greedy_only}"
+        work.mkdir()
+        path = write_scheduler_config(
+            _args(policy="prefix"), drafter, work, quiet, greedy_only=greedy_only
+        )
+        assert path is not None
+        assert SchedulerConfig.load(path).sts_path == str(expected.resolve()), greedy_only
+    # Without sts.json a sampling tier runs uncalibrated; a greedy tier still finds its own.
+    (drafter / STS_FILENAME).unlink()
+    assert drafter_sts(drafter, greedy_only=False) is None
+    assert drafter_sts(drafter, greedy_only=True) == greedy
+    # A greedy STS for another block size is refused like any other.
+    StsCalibration(temperatures=(0.5,) * 4).save(greedy)
+    with pytest.raises(DemoError, match="STS"):
+        write_scheduler_config(_args(policy="prefix"), drafter, tmp_path, quiet)
 
 
 def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:

@@ -49,6 +49,11 @@ def test_export_ships_bf16_weights_and_the_sts_file(
     assert rc == 0, capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "sts.json"]
     assert json.loads((out / "sts.json").read_text()) == json.loads(sts.read_text())
+    # A fit on greedy rollouts ships beside it for greedy-only tiers.
+    greedy = _sts(tmp_path / "greedy.json", 4)
+    rc = main([*argv, "--sts", str(sts), "--sts-greedy", str(greedy), "--target", str(target_dir)])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((out / "sts_greedy.json").read_text()) == json.loads(greedy.read_text())
     stored = load_file(str(out / "model.safetensors"))
     assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.bfloat16}
     # Loads against the target and equals the latest training checkpoint rounded to bf16.
@@ -68,6 +73,7 @@ def test_export_keeps_other_files_and_drops_a_stale_sts(
     out.mkdir()
     (out / "README.md").write_text("provenance of the shipped drafter\n")
     _sts(out / "sts.json", 4)  # from an earlier drafter
+    _sts(out / "sts_greedy.json", 4)  # so is this one
     rc = main(
         ["export-drafter", "--from", str(tiny_run), "--to", str(out), "--target", str(target_dir)]
     )
@@ -88,6 +94,9 @@ def test_export_refuses_mismatched_sts_and_missing_target(
     base = ["export-drafter", "--from", str(tiny_run), "--to", str(out)]
     rc = main([*base, "--sts", str(_sts(tmp_path / "s7.json", 7)), "--target", str(target_dir)])
     assert rc == 2 and "--sts has 7 temperatures" in capsys.readouterr().err
+    greedy7 = str(_sts(tmp_path / "g7.json", 7))
+    rc = main([*base, "--sts-greedy", greedy7, "--target", str(target_dir)])
+    assert rc == 2 and "--sts-greedy has 7 temperatures" in capsys.readouterr().err
     rc = main([*base, "--target", str(tmp_path / "nope")])
     assert rc == 2 and "--target" in capsys.readouterr().err
     assert not out.exists()
