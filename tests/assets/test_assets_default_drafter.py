@@ -7,7 +7,7 @@ import json
 
 from safetensors import safe_open
 
-from dspark_sglang.calibration.sts import load_sts
+from dspark_sglang.calibration.sts import GREEDY_STS_FILENAME, STS_FILENAME, load_sts
 from dspark_sglang.model.checkpoint import CONFIG_FILE
 from dspark_sglang.model.config import DSparkConfig
 from dspark_sglang.model.vocab import (
@@ -50,6 +50,7 @@ def test_default_drafter_config_and_sts_agree() -> None:
     config = DSparkConfig.from_hf_dict(raw)
     assert raw["architectures"] == ["DSparkMoEDraftModel"]
     assert config.markov_head_type != "none" and config.enable_confidence_head
-    sts = load_sts(DEFAULT_DRAFTER_DIR / "sts.json")
-    assert len(sts.temperatures) == config.block_size
-    assert all(t > 0 for t in sts.temperatures)
+    for name in (STS_FILENAME, GREEDY_STS_FILENAME):  # sampled tiers, greedy-only tiers
+        sts = load_sts(DEFAULT_DRAFTER_DIR / name)
+        assert len(sts.temperatures) == config.block_size, name
+        assert all(t > 0 for t in sts.temperatures), name
