@@ -536,7 +536,7 @@ def run_engines(
     passes: int = 1,
     concurrency: int | None = None,
 ) -> dict[str, EngineRun]:
-    """Start the engines together, warm each up, time ``passes`` passes of each in turns.
+    """Start the engines, warm each up, time ``passes`` passes of each in turns.
 
     ``specs`` maps a label to a ``CpuEngineSpec`` (with ``sleep_on_idle``); each engine
     runs in its own process (``engine_process``), passes in ``engine_process.turns``. A pass
@@ -567,10 +567,12 @@ def run_engines(
     names = " and ".join(specs)
     with contextlib.ExitStack() as stack:
         with console.status(
-            f"starting SGLang's engines on CPU for {names}, each in its own process (each "
-            "scheduler process loads the model; this takes ~20-60 s)"
+            f"starting SGLang's engines on CPU for {names}, one after the other, each in its "
+            "own process (each scheduler process loads the model; ~20-60 s each)"
         ):
-            engines = stack.enter_context(engine_processes(specs))
+            # One after the other: SGLang sizes a CPU engine's KV pool from the free memory
+            # it measures while loading, which another engine's start-up would skew.
+            engines = stack.enter_context(engine_processes(specs, one_at_a_time=True))
             for engine in engines.values():
                 engine.call(generate_outputs, [list(warmup)], 2, sampling)
         order = turns(list(specs), passes)
