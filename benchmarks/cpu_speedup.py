@@ -675,7 +675,7 @@ def run_repeat(
             "each in its own process (~20-60 s each)"
         ):
             procs = stack.enter_context(
-                engine_processes({label: specs[label] for label in start_order}, one_at_a_time=True)
+                engine_processes({label: specs[label] for label in start_order})
             )
             for proc in procs.values():
                 for temperature in sorted({c.temperature for c in cells}):

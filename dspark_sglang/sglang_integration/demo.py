@@ -570,9 +570,7 @@ def run_engines(
             f"starting SGLang's engines on CPU for {names}, one after the other, each in its "
             "own process (each scheduler process loads the model; ~20-60 s each)"
         ):
-            # One after the other: SGLang sizes a CPU engine's KV pool from the free memory
-            # it measures while loading, which another engine's start-up would skew.
-            engines = stack.enter_context(engine_processes(specs, one_at_a_time=True))
+            engines = stack.enter_context(engine_processes(specs))
             for engine in engines.values():
                 engine.call(generate_outputs, [list(warmup)], 2, sampling)
         order = turns(list(specs), passes)

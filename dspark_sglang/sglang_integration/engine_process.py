@@ -64,7 +64,6 @@ def _serve(spec: CpuEngineSpec, conn: Connection) -> None:
                     conn.send(("ok", fn(engine, *args)))
                 except BaseException as exc:  # reported to the caller; the engine lives on
                     _send_error(conn, exc)
-        conn.send(("stopped", None))
     except BaseException as exc:
         with contextlib.suppress(Exception):
             _send_error(conn, exc)
@@ -84,20 +83,12 @@ class EngineProcess:
         )
         self._child_conn = child
         self._started = False
-        self._launched_at = 0.0
-        #: Seconds from :meth:`launch` until the engine was ready (set by :meth:`wait_ready`).
+        #: Seconds from spawning the process until its engine was ready (set by :meth:`start`).
         self.startup_s: float | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
-
-    def launch(self) -> None:
-        """Spawn the process (returns at once; :meth:`wait_ready` waits for the engine)."""
-        self._launched_at = time.perf_counter()
-        self._proc.start()
-        self._child_conn.close()
-        self._started = True
 
     def _reply(self) -> tuple[str, Any]:
         while not self._conn.poll(1.0):
@@ -121,12 +112,17 @@ class EngineProcess:
             raise exc
         return msg
 
-    def wait_ready(self) -> None:
-        """Block until the engine has started; raise what its start-up raised."""
+    def start(self) -> None:
+        """Spawn the process and block until its engine has started; raise what the
+        start-up raised."""
+        launched_at = time.perf_counter()
+        self._proc.start()
+        self._child_conn.close()
+        self._started = True
         kind, _ = self._reply()
         if kind != "ready":
             raise RuntimeError(f"the engine process for {self.label} sent {kind!r} at start-up")
-        self.startup_s = time.perf_counter() - self._launched_at
+        self.startup_s = time.perf_counter() - launched_at
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(engine, *args)`` in the engine's process; its result, or its exception."""
@@ -160,15 +156,14 @@ class EngineProcess:
 
 
 @contextlib.contextmanager
-def engine_processes(
-    specs: Mapping[str, CpuEngineSpec], *, one_at_a_time: bool = False
-) -> Iterator[dict[str, EngineProcess]]:
-    """Start one :class:`EngineProcess` per label; stop them all on exit.
+def engine_processes(specs: Mapping[str, CpuEngineSpec]) -> Iterator[dict[str, EngineProcess]]:
+    """Start one :class:`EngineProcess` per label, each after the previous one is ready;
+    stop them all on exit.
 
-    All at once by default; ``one_at_a_time`` starts each after the previous one is ready
-    (each ``startup_s`` is then its own, and engines that size their KV pool from free
-    memory do not see each other's allocations in flight). With several engines every
-    spec must set ``sleep_on_idle`` (see the module docstring).
+    One after the other because SGLang sizes a CPU engine's KV pool from the free memory it
+    measures while loading, which another engine's start-up would skew; each ``startup_s``
+    is then the engine's own. With several engines every spec must set ``sleep_on_idle``
+    (see the module docstring).
     """
     if len(specs) > 1:
         awake = [k for k, s in specs.items() if not s.server_kwargs().get("sleep_on_idle")]
@@ -180,12 +175,7 @@ def engine_processes(
     procs = {label: EngineProcess(label, spec) for label, spec in specs.items()}
     try:
         for p in procs.values():
-            p.launch()
-            if one_at_a_time:
-                p.wait_ready()
-        if not one_at_a_time:
-            for p in procs.values():
-                p.wait_ready()
+            p.start()
         yield procs
     finally:
         for p in procs.values():
