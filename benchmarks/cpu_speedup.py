@@ -88,10 +88,9 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.results import default_out, dump_json, software_versions
+from dspark_sglang.sglang_integration.launch import SGLANG_DECISION
 
 SETS = ("gsm8k", "humaneval", "mtbench")
-#: ``sglang``: SGLang's own verify decision; the rest are our policies (``POLICIES``).
-SGLANG_POLICY = "sglang"
 DSPARK = "DSPARK_MOE"
 NGRAM = "NGRAM"
 PLAIN = "plain"
@@ -435,8 +434,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policies",
         nargs="*",
-        choices=(SGLANG_POLICY, *POLICIES),
-        default=[SGLANG_POLICY, "mtp1", "prefix"],
+        choices=(SGLANG_DECISION, *POLICIES),
+        default=[SGLANG_DECISION, "mtp1", "prefix"],
         help="DSPARK_MOE verify policies, one engine each ('sglang': SGLang's own decision; "
         "give the flag with no name for no DSPARK_MOE engine)",
     )
@@ -524,7 +523,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--cost-table feeds policies {'/'.join(NEEDS_COST_TABLE)}: none is selected")
     if ("static" in args.policies) != (args.static_k is not None):
         ap.error("--static-k goes with policy static, and policy static needs --static-k")
-    if args.sts is not None and not set(args.policies) - {SGLANG_POLICY}:
+    if args.sts is not None and not set(args.policies) - {SGLANG_DECISION}:
         ap.error("--sts feeds our policies; SGLang's own decision (policy sglang) reads none")
     for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
         if value is not None and not value.is_file():
@@ -589,7 +588,7 @@ def engine_specs(
         env: dict[str, str] = {}
         if eng.algorithm == DSPARK:
             policy_args = argparse.Namespace(
-                policy=None if eng.policy == SGLANG_POLICY else eng.policy,
+                policy=None if eng.policy == SGLANG_DECISION else eng.policy,
                 sts=args.sts,
                 cost_table=args.cost_table,
                 static_k=args.static_k,

@@ -53,6 +53,7 @@ from typing import Any
 from dspark_sglang.results import default_out, dump_json, software_versions
 from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.sglang_integration import round_profile as rp
+from dspark_sglang.sglang_integration.launch import SGLANG_DECISION
 
 ENGINES = ("plain", "dspark_moe")
 #: Start order: DSPARK_MOE first, so that a start-up failure (it needs more memory) costs
@@ -316,7 +317,9 @@ def demo_plan_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(
         drafter=args.drafter,
         seed=args.seed,
-        policy=args.policy,
+        # One DSPARK_MOE engine: the benchmark's policy, or SGLang's own decision.
+        policy=args.policy or SGLANG_DECISION,
+        compare=(),
         sts=args.sts if args.policy else None,
         cost_table=args.cost_table,
         static_k=args.static_k,

@@ -111,16 +111,20 @@ def seconds_arg(text: str) -> float:
 # --------------------------------------------------------------------------- demo, generate
 
 
-def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
-    """Drafter, policy and sampling flags of ``demo`` and ``generate``."""
+def add_decoding_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    max_new_tokens: int,
+    policy_help: str = "scheduling policy (default: verify_all)",
+    extra_policies: tuple[str, ...] = (),
+) -> None:
+    """Drafter, policy and sampling flags of ``demo`` and ``generate``.
+
+    ``extra_policies`` are names ``--policy`` takes beside ``POLICIES`` (the demo's
+    ``sglang``, SGLang's own decision); ``policy_help`` says what the default is.
+    """
     p.add_argument("--drafter", type=Path, default=None, help="drafter checkpoint folder")
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default=None,
-        help="scheduling policy (reference default: verify_all; SGLang engine default: "
-        "SGLang's own decision)",
-    )
+    p.add_argument("--policy", choices=(*extra_policies, *POLICIES), default=None, help=policy_help)
     p.add_argument("--static-k", type=int, default=3, help="drafts verified by --policy static")
     p.add_argument(
         "--cost-table",

@@ -1,8 +1,10 @@
 """``dspark-sglang demo``: SmolLM2-135M with plain and DSpark speculative decoding side by side.
 
 The first command a new user runs. ``--engine sglang`` (the default) starts SGLang's
-engine on CPU twice, plain and with our drafter behind ``--speculative-algorithm
-DSPARK_MOE`` (``sglang_integration/demo.py``); ``--engine reference`` runs the
+engine on CPU for plain decoding and once per verify policy with our drafter behind
+``--speculative-algorithm DSPARK_MOE`` (``sglang_integration/demo.py``: ``--policy``,
+by default our ``prefix`` scheduler, beside ``--compare``, by default SGLang's own
+decision and ``mtp1``); ``--engine reference`` runs the
 pure-PyTorch reference generator instead (``reference/demo.py``), which also prints
 the position-wise acceptance. Both print tokens, speed, acceptance and, at
 temperature 0, whether the outputs are token-identical. Without ``--drafter`` the
@@ -17,7 +19,10 @@ import sys
 from typing import Any
 
 from dspark_sglang.cli.base import Command, add_decoding_arguments, decoding_options
+from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.sglang_integration.cpu_dtype import DTYPE_CHOICES
+from dspark_sglang.sglang_integration.demo import DEFAULT_COMPARE, DEFAULT_POLICY
+from dspark_sglang.sglang_integration.launch import SGLANG_DECISION
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +33,29 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="sglang: SGLang's engine on CPU, plain vs --speculative-algorithm DSPARK_MOE "
         "(default); reference: the pure-PyTorch reference generator",
     )
-    add_decoding_arguments(p, max_new_tokens=48)
+    add_decoding_arguments(
+        p,
+        max_new_tokens=48,
+        policy_help=(
+            f"scheduling policy of the DSPARK_MOE engine whose ratio leads the report. SGLang "
+            f"engine default: {DEFAULT_POLICY}, our hardware-aware prefix scheduler, with a "
+            f"cost table the worker measures at start-up and the drafter's STS file; "
+            f"'{SGLANG_DECISION}': SGLang's own decision (the whole block). Reference default: "
+            "verify_all"
+        ),
+        extra_policies=(SGLANG_DECISION,),
+    )
+    p.add_argument(
+        "--compare",
+        nargs="*",
+        choices=(SGLANG_DECISION, *POLICIES),
+        default=None,
+        metavar="POLICY",
+        help=f"--engine sglang: more DSPARK_MOE engines timed in the same run, in turns with "
+        f"the others, one per policy ('{SGLANG_DECISION}': SGLang's own decision; 'mtp1': "
+        f"one draft per round). Default: {' '.join(DEFAULT_COMPARE)} (a name equal to "
+        "--policy is skipped); the flag with no names: none, for a shorter run",
+    )
     p.add_argument("--num-prompts", type=int, default=3, help="GSM8K-style prompts to run")
     p.add_argument(
         "--concurrency",
@@ -90,6 +117,12 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
         if args.dtype == "bfloat16":
             raise ValueError(
                 "--dtype bfloat16 needs --engine sglang; the reference generator runs float32"
+            )
+        if args.policy == SGLANG_DECISION or args.compare is not None:
+            raise ValueError(
+                f"--policy {SGLANG_DECISION} and --compare need --engine sglang (they name "
+                "SGLang's own decision and more SGLang engines); the reference generator runs "
+                "one policy"
             )
         target, gen = build_generator(**decoding_options(args), console=console)
         chats = demo_chats(args.num_prompts)

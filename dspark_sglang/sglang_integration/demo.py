@@ -3,34 +3,38 @@
 Why this exists: the README's first command must show what users actually run
 -- SGLang's real ``Engine`` with our drafter behind
 ``--speculative-algorithm DSPARK_MOE`` -- not the pure-PyTorch reference
-generator. The demo starts two engines, each in its own process
-(``engine_process``): plain decoding, and DSPARK_MOE with the embedded drafter. It
-times them in turns on the same greedy chat prompts, with ``--concurrency`` requests
-in flight (one by default: speculative decoding is for per-request latency):
-``--passes`` timed passes per engine in the order plain, DSPARK_MOE, DSPARK_MOE,
-plain, ..., so the machine's drift over minutes hits both alike. The engine waiting
-for its turn sleeps (SGLang's ``sleep_on_idle``) and takes no CPU from the other.
-It prints per engine tokens/s (wall time of ``generate`` only, after a short warm-up
-on a different prompt so neither run pays first-call costs; every pass starts from an
-empty radix cache so that every pass computes the same thing; the median of the
-passes counts, because one pass on a shared machine can be off by a third), the
-speed ratio of the medians, SGLang's accepted length per
-verify round, and whether the outputs are token-identical. Greedy verification
-is lossless, so they must be; where a prompt's outputs differ the demo names
-the position and the target's best tokens there (``greedy_check``): two tokens
-within the dtype's rounding tolerance of the best are printed loudly as a
-numerical near-tie, anything else is a bug and the demo exits 1. The margins come from
-the plain engine itself: after its timed run, one untimed prefill of each
-prompt plus its plain output with ``return_logprob`` and ``top_logprobs_num`` =
-``greedy_check.TOP_TOKENS``.
+generator. The demo starts one engine for plain decoding and one DSPARK_MOE engine
+with the embedded drafter per verify policy, each in its own process
+(``engine_process``): ``--policy``, by default our ``prefix`` scheduler (a cost table
+the worker measures at start-up in the engine's own settings, the drafter's STS
+file), which the report leads with, and ``--compare``, by default SGLang's own
+decision (the whole block) and ``mtp1`` (one draft per round) (``demo_policies``).
+It times them in turns on the same greedy chat prompts, with ``--concurrency``
+requests in flight (one by default: speculative decoding is for per-request
+latency): ``--passes`` timed passes per engine in the order plain, A, B, ..., B, A,
+plain, ... (``engine_process.turns``), so the machine's drift over minutes hits all
+alike. An engine waiting for its turn sleeps (SGLang's ``sleep_on_idle``) and takes
+no CPU from the one being timed. It prints per engine tokens/s (wall time of
+``generate`` only, after a short warm-up on a different prompt so no run pays
+first-call costs; every pass starts from an empty radix cache so that every pass
+computes the same thing; the median of the passes counts, because one pass on a
+shared machine can be off by a third), each DSPARK_MOE engine's speed ratio to
+plain decoding, SGLang's accepted length per verify round, and whether the outputs
+are token-identical. Greedy verification is lossless, so they must be; where a
+prompt's outputs differ the demo names the position and the target's best tokens
+there (``greedy_check``): two tokens within the dtype's rounding tolerance of the
+best are printed loudly as a numerical near-tie, anything else is a bug and the
+demo exits 1. The margins come from the plain engine itself: after its timed run,
+one untimed prefill of each prompt plus its plain output with ``return_logprob``
+and ``top_logprobs_num`` = ``greedy_check.TOP_TOKENS``.
 
 Every demo request is greedy (``--temperature 0``; the engine refuses others), so
-the DSPARK_MOE engine drafts by argmax: SGLang's ``SGLANG_DSPARK_USE_GREEDY_DRAFT``,
-on through the scheduler config's ``greedy_only`` (``--policy``) or, without one,
-``scheduler_env(..., greedy_draft=True)`` (``DemoPlan.dspark_env``). The drafter then
+the DSPARK_MOE engines draft by argmax: SGLang's ``SGLANG_DSPARK_USE_GREEDY_DRAFT``,
+on through the scheduler config's ``greedy_only`` or, without one,
+``scheduler_env(..., greedy_draft=True)`` (``DemoEngine.env``). The drafter then
 skips sampling its drafts, which only costs time when every request is greedy.
 
-Both engines run in one dtype, ``--dtype`` (``auto``: bfloat16 where the CPU
+All engines run in one dtype, ``--dtype`` (``auto``: bfloat16 where the CPU
 has native bf16 matrix instructions, else float32; ``cpu_dtype``), and the
 demo prints which and why. The drafter's weights are cast to the engine's
 dtype by SGLang, whatever dtype its checkpoint stores (that changes acceptance
@@ -42,10 +46,10 @@ checkpoint against the target config) is checked first, because SGLang kills
 its parent process when a scheduler dies during start-up: a bad checkpoint
 must become a clear error here, not a dead CLI.
 
-Invariant: both engines see identical prompts and sampling settings, and each
-engine is shut down (``cpu_engine``) before the next starts. Every timed pass of
-one engine must give the same outputs (greedy); a pass that does not is reported
-and fails the demo.
+Invariant: every engine sees identical prompts and sampling settings, and every
+engine process is reaped before the demo returns. Every timed pass of plain
+decoding must give the same outputs (greedy); a speculative pass may differ from
+its first only where both differ from plain decoding at near-ties.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from dspark_sglang.sglang_integration.greedy_check import (
 )
 from dspark_sglang.sglang_integration.launch import (
     GREEDY_DRAFT_ENV,
+    SGLANG_DECISION,
     LaunchError,
     check_sts_block_size,
     drafter_block_size,
@@ -83,11 +88,15 @@ from dspark_sglang.sglang_integration.launch import (
 )
 
 __all__ = [
+    "DEFAULT_COMPARE",
+    "DEFAULT_POLICY",
+    "DemoEngine",
     "DemoError",
     "DemoPlan",
     "EngineRun",
     "check_sglang_flags",
     "cost_table_dtype",
+    "demo_policies",
     "flush_radix_cache",
     "plan_demo",
     "resolve_drafter",
@@ -109,6 +118,27 @@ DEFAULT_PASSES = 3
 #: speculative decoding exists to cut (a batch makes a verify of every draft dearer while
 #: plain decoding gains from the batch).
 DEFAULT_CONCURRENCY = 1
+
+#: The verify policy of the DSPARK_MOE engine the report leads with when ``--policy`` is
+#: not given: our hardware-aware prefix scheduler, on a cost table the worker measures at
+#: start-up in the engine's own settings and the drafter's STS file.
+DEFAULT_POLICY = "prefix"
+
+#: The DSPARK_MOE engines timed beside it when ``--compare`` is not given: SGLang's own
+#: decision (the whole block) and one draft per round.
+DEFAULT_COMPARE = (SGLANG_DECISION, "mtp1")
+
+
+def demo_policies(args: argparse.Namespace) -> tuple[str, ...]:
+    """The DSPARK_MOE engines' verify policies, the lead first, each name once.
+
+    ``--policy`` (default ``DEFAULT_POLICY``), then ``--compare`` (default
+    ``DEFAULT_COMPARE``; given with no names, none). ``SGLANG_DECISION`` is SGLang's own
+    decision; any other name is our policy, in a scheduler config.
+    """
+    lead = args.policy or DEFAULT_POLICY
+    compare = getattr(args, "compare", None)
+    return tuple(dict.fromkeys((lead, *(DEFAULT_COMPARE if compare is None else compare))))
 
 
 class DemoError(ValueError):
@@ -197,8 +227,32 @@ class EngineRun:
 
 
 @dataclass(frozen=True)
+class DemoEngine:
+    """One DSPARK_MOE engine of the demo: its verify policy and the config that sets it."""
+
+    policy: str
+    #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG``, else None:
+    #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
+    scheduler_config: Path | None
+
+    @property
+    def label(self) -> str:
+        return f"DSPARK_MOE ({self.policy})"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The engine's environment (``launch.scheduler_env``).
+
+        Every demo request is greedy, so the draft is argmax
+        (``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``): a written config has ``greedy_only``
+        set (``write_scheduler_config``), and without one the demo asks for it.
+        """
+        return scheduler_env(self.scheduler_config, greedy_draft=True)
+
+
+@dataclass(frozen=True)
 class DemoPlan:
-    """Everything both engine runs need, resolved and validated before any engine starts."""
+    """Everything the engine runs need, resolved and validated before any engine starts."""
 
     model_path: Path
     drafter_dir: Path
@@ -210,23 +264,19 @@ class DemoPlan:
     passes: int
     #: Requests in flight (``--concurrency``): each pass keeps this many in flight.
     concurrency: int
-    #: SchedulerConfig file routed through ``DSPARK_SCHEDULER_CONFIG`` (``--policy``), else None:
-    #: SGLang's own verify decision (``SGLANG_RAGGED_VERIFY_MODE=static``: the whole block).
-    scheduler_config: Path | None
-    #: The dtype both engines run in, and why.
+    #: The DSPARK_MOE engines (``demo_policies``), the one the report leads with first.
+    engines: tuple[DemoEngine, ...]
+    #: The dtype every engine runs in, and why.
     dtype: DtypeChoice
 
     @property
     def dspark_env(self) -> dict[str, str]:
-        """The DSPARK_MOE engine's environment (``launch.scheduler_env``).
-
-        Every demo request is greedy, so the draft is argmax
-        (``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``): a written config has ``greedy_only``
-        set (``write_scheduler_config``), and without one the demo asks for it.
-        """
-        return scheduler_env(self.scheduler_config, greedy_draft=True)
+        """The leading DSPARK_MOE engine's environment (``DemoEngine.env``)."""
+        return self.engines[0].env
 
     def __post_init__(self) -> None:
+        if not self.engines:
+            raise DemoError("DemoPlan.engines must name at least one DSPARK_MOE engine")
         if not self.prompts or any(len(p) == 0 for p in self.prompts):
             raise DemoError("DemoPlan.prompts must be non-empty token-id lists")
         if self.max_new_tokens < 1:
@@ -259,12 +309,13 @@ def check_sglang_flags(args: argparse.Namespace) -> None:
         raise DemoError(f"--passes must be >= 1 (timed passes per engine), got {args.passes}")
     if args.concurrency is not None and args.concurrency < 1:
         raise DemoError(f"--concurrency must be >= 1 (requests in flight), got {args.concurrency}")
-    if args.policy is None:
+    if not set(demo_policies(args)) - {SGLANG_DECISION}:
         for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
             if value is not None:
                 raise DemoError(
-                    f"{flag} only feeds our scheduler: give --policy too (without --policy "
-                    "SGLang decides the verify lengths itself)"
+                    f"{flag} only feeds our scheduler, and every DSPARK_MOE engine here runs "
+                    f"SGLang's own decision (--policy/--compare {SGLANG_DECISION}): name one "
+                    "of our policies in --policy or --compare, or drop the flag"
                 )
     for flag, value in (("--cost-table", args.cost_table), ("--sts", args.sts)):
         if value is not None and not Path(value).is_file():
@@ -389,9 +440,14 @@ def write_scheduler_config(
     console: Any,
     engine_dtype: str = "float32",
     *,
+    policy: str | None = None,
     greedy_only: bool = True,
 ) -> Path | None:
-    """``--policy`` -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None).
+    """A policy -> a ``SchedulerConfig`` file for ``DSPARK_SCHEDULER_CONFIG`` (else None).
+
+    ``policy`` (default ``args.policy``) is the verify policy; None or
+    ``SGLANG_DECISION`` is SGLang's own decision, which needs no config. The file is
+    ``workdir/scheduler-<policy>.yaml``, so one folder holds several engines' configs.
 
     The config sets ``greedy_only`` (default): every demo request is greedy
     (``check_sglang_flags`` refuses ``--temperature`` above 0), so the tier
@@ -402,7 +458,8 @@ def write_scheduler_config(
     what the engines run in; a cost table measured in
     another one is used, with a warning.
     """
-    if args.policy is None:
+    policy = args.policy if policy is None else policy
+    if policy is None or policy == SGLANG_DECISION:
         return None
     from dspark_sglang.scheduling.config import SchedulerConfig
 
@@ -420,10 +477,10 @@ def write_scheduler_config(
     if args.cost_table is not None:
         load_cost_table(args.cost_table)
         _check_cost_table_dtype(Path(args.cost_table), engine_dtype, console)
-    elif args.policy in NEEDS_COST_TABLE:
+    elif policy in NEEDS_COST_TABLE:
         console.print(
             f"cost table: none given, so the DSPARK_MOE worker measures the target at start-up "
-            f"in the engine's own settings ({engine_dtype}; startup_profile) for {args.policy}"
+            f"in the engine's own settings ({engine_dtype}; startup_profile) for {policy}"
         )
     if sts is not None:
         try:
@@ -432,17 +489,17 @@ def write_scheduler_config(
             raise DemoError(str(exc)) from exc
     cfg = SchedulerConfig(
         block_size=block_size,
-        policy=args.policy,
+        policy=policy,
         sla_name="demo",
-        static_k=args.static_k if args.policy == "static" else None,
+        static_k=args.static_k if policy == "static" else None,
         cost_table_path=str(Path(args.cost_table).resolve()) if args.cost_table else None,
         sts_path=str(Path(sts).resolve()) if sts is not None else None,
         greedy_only=greedy_only,
         # CPU engines capture no graphs: verifying only the drafts the policy chose
         # is cheaper than verifying the block and capping acceptance.
-        ragged_mode=None if args.policy == "verify_all" else "compact",
+        ragged_mode=None if policy == "verify_all" else "compact",
     )
-    path = workdir / "scheduler.yaml"
+    path = workdir / f"scheduler-{policy}.yaml"
     cfg.save(path)
     return path
 
@@ -450,7 +507,7 @@ def write_scheduler_config(
 def plan_demo(
     args: argparse.Namespace, model_path: Path, default_dir: Path, workdir: Path, console: Any
 ) -> DemoPlan:
-    """Validate everything and write the files both engine runs need (no engine started)."""
+    """Validate everything and write the files the engine runs need (no engine started)."""
     from dspark_sglang.data.demo_prompts import demo_chats
 
     dtype = choose_cpu_dtype(args.dtype, read_cpuinfo() if args.dtype == "auto" else None)
@@ -458,7 +515,13 @@ def plan_demo(
     drafter_dir, trained = resolve_drafter(
         model_path, args.drafter, default_dir, args.seed, workdir, console
     )
-    scheduler_config = write_scheduler_config(args, drafter_dir, workdir, console, dtype.dtype)
+    engines = tuple(
+        DemoEngine(
+            policy,
+            write_scheduler_config(args, drafter_dir, workdir, console, dtype.dtype, policy=policy),
+        )
+        for policy in demo_policies(args)
+    )
     _, tokenizer = _target_spec(model_path)
     prompts = []
     for chat in demo_chats(args.num_prompts):
@@ -477,7 +540,7 @@ def plan_demo(
         omp_threads=args.threads if args.threads is not None else 1,
         passes=args.passes if args.passes is not None else DEFAULT_PASSES,
         concurrency=args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY,
-        scheduler_config=scheduler_config,
+        engines=engines,
         dtype=dtype,
     )
 
@@ -621,31 +684,31 @@ def _fmt(x: float, digits: int = 2) -> str:
     return "-" if x != x else f"{x:.{digits}f}"
 
 
-def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
-    """Print the figures; returns whether the greedy check passed.
+def report(console: Any, plain: EngineRun, specs: Sequence[EngineRun], dtype: str) -> bool:
+    """Print the figures of every engine; returns whether every greedy check passed.
 
-    It passes when the outputs are token-identical or every prompt's first
-    divergence is a numerical near-tie in ``dtype`` (``greedy_check``), which
-    is printed loudly. ``plain.top_tokens`` holds the target's best tokens along the
-    plain outputs.
+    ``specs`` are the DSPARK_MOE engines, the one the report leads with first. Each passes
+    when its outputs are token-identical to plain decoding's or every prompt's first
+    divergence is a numerical near-tie in ``dtype`` (``greedy_check``), which is printed
+    loudly. ``plain.top_tokens`` holds the target's best tokens along the plain outputs.
     """
     from rich.table import Table
 
     table = Table(title="SGLang engine on CPU, greedy: plain decoding vs DSPARK_MOE")
-    for col in ("engine", "tokens", "wall s", "tok/s", "verify rounds", "accepted/round"):
-        table.add_column(col, justify="left" if col == "engine" else "right")
-    for run in (plain, spec):
-        rounds = str(run.verify_rounds) if run.verify_rounds else "-"
+    for col in ("engine", "tokens", "wall s", "tok/s", "x plain", "rounds", "tokens/round"):
+        table.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
+    for run in (plain, *specs):
         table.add_row(
             run.label,
             str(run.num_tokens),
             _fmt(run.wall_s),
             _fmt(run.tokens_per_second),
-            rounds,
+            _fmt(run.tokens_per_second / plain.tokens_per_second, 3),
+            str(run.verify_rounds) if run.verify_rounds else "-",
             _fmt(run.accept_length) if run.verify_rounds else "1.00",
         )
     console.print(table)
-    for run in (plain, spec):
+    for run in (plain, *specs):
         line = (
             f"{run.label}: {run.num_tokens} tokens in {run.wall_s:.3f} s = "
             f"{run.tokens_per_second:.2f} tok/s"
@@ -656,61 +719,46 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
                 f" (median of {len(tps)} timed passes; passes {min(tps):.2f}-{max(tps):.2f} tok/s)"
             )
         console.print(line, soft_wrap=True, highlight=False)
-    ratio = spec.tokens_per_second / plain.tokens_per_second
-    console.print(f"speed ratio DSPARK_MOE / plain: {ratio:.3f}x", soft_wrap=True, highlight=False)
-    console.print(
-        f"accepted length per round (SGLang, incl. bonus): {_fmt(spec.accept_length, 3)} "
-        f"over {spec.verify_rounds} verify rounds, {spec.correct_drafts} drafts accepted",
-        soft_wrap=True,
-        highlight=False,
-    )
-    if spec.accepted_histogram:
-        hist = ", ".join(f"{k}:{n}" for k, n in enumerate(spec.accepted_histogram))
+    for spec in specs:
+        ratio = spec.tokens_per_second / plain.tokens_per_second
         console.print(
-            f"rounds by drafts accepted (k:rounds): {hist}", soft_wrap=True, highlight=False
+            f"speed ratio {spec.label} / plain: {ratio:.3f}x", soft_wrap=True, highlight=False
         )
-    same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
     tops = plain.top_tokens or tuple(() for _ in plain.outputs)
-    divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
-    passed = all(d.near_tie for d in divergences)
-    for run in (plain, spec):
-        if not run.differing_passes:
-            continue
-        # A speculative pass may verify other lengths than the first (a policy that prices
-        # rounds from their timings), which rounds differently: it passes when it, too,
-        # differs from plain decoding only at near-ties. Plain decoding must repeat itself.
-        later = [find_divergences(plain.outputs, o, tops, dtype) for o in run.differing_outputs]
-        excused = run is spec and all(d.near_tie for ds in later for d in ds)
-        counted = f"{run.differing_passes} of {len(run.pass_walls) - 1} later timed passes"
-        if excused:
-            console.print(
-                f"[bold yellow]{run.label}: {counted} gave other outputs than the first, each "
-                "differing from plain decoding only at numerical near-ties (the verify lengths "
-                "changed between passes, and with them the rounding)[/]",
-                soft_wrap=True,
-            )
-            continue
-        passed = False
+    passed = _check_repeats(console, plain, plain, tops, dtype)
+    for spec in specs:
         console.print(
-            f"[bold red]{run.label}: {counted} gave other outputs than the first (greedy "
-            "decoding must repeat itself"
-            + (", up to near-ties with plain decoding" if run is spec else "")
-            + ")[/]",
+            f"{spec.label}: accepted length per round (SGLang, incl. bonus): "
+            f"{_fmt(spec.accept_length, 3)} over {spec.verify_rounds} verify rounds, "
+            f"{spec.correct_drafts} drafts accepted",
+            soft_wrap=True,
+            highlight=False,
+        )
+        if spec.accepted_histogram:
+            hist = ", ".join(f"{k}:{n}" for k, n in enumerate(spec.accepted_histogram))
+            console.print(
+                f"{spec.label}: rounds by drafts accepted (k:rounds): {hist}",
+                soft_wrap=True,
+                highlight=False,
+            )
+        same = [a == b for a, b in zip(plain.outputs, spec.outputs, strict=True)]
+        divergences = find_divergences(plain.outputs, spec.outputs, tops, dtype)
+        ok = all(d.near_tie for d in divergences) and _check_repeats(
+            console, plain, spec, tops, dtype
+        )
+        style = "bold green" if all(same) else "bold yellow" if ok else "bold red"
+        console.print(
+            f"[{style}]{spec.label}: identical output at temperature 0: "
+            f"{sum(same)}/{len(same)} prompts[/]",
             soft_wrap=True,
         )
-        for ds in later:
-            for d in ds:
-                if not d.near_tie:
-                    console.print(
-                        f"[bold red]MISMATCH (later pass): {d.describe()}[/]",
-                        soft_wrap=True,
-                        highlight=False,
-                    )
-    style = "bold green" if all(same) else "bold yellow" if passed else "bold red"
-    console.print(
-        f"[{style}]identical output at temperature 0: {sum(same)}/{len(same)} prompts[/]",
-        soft_wrap=True,
-    )
+        for d in divergences:
+            style = "bold yellow" if d.near_tie else "bold red"
+            kind = "NEAR-TIE" if d.near_tie else "MISMATCH"
+            console.print(
+                f"[{style}]{spec.label}: {kind}: {d.describe()}[/]", soft_wrap=True, highlight=False
+            )
+        passed = passed and ok
     summary = summarize_margins(plain.outputs, tops)
     if summary.smallest is not None:
         margin, i, j = summary.smallest
@@ -722,11 +770,50 @@ def report(console: Any, plain: EngineRun, spec: EngineRun, dtype: str) -> bool:
             soft_wrap=True,
             highlight=False,
         )
-    for d in divergences:
-        style = "bold yellow" if d.near_tie else "bold red"
-        kind = "NEAR-TIE" if d.near_tie else "MISMATCH"
-        console.print(f"[{style}]{kind}: {d.describe()}[/]", soft_wrap=True, highlight=False)
     return passed
+
+
+def _check_repeats(
+    console: Any,
+    plain: EngineRun,
+    run: EngineRun,
+    tops: Sequence[Sequence[TopTokens | None]],
+    dtype: str,
+) -> bool:
+    """Whether ``run``'s later timed passes are acceptable; prints why not.
+
+    Plain decoding must repeat itself exactly. A speculative engine's later pass may verify
+    other lengths than its first (a policy that prices rounds from their timings), which
+    rounds differently: it passes when it, too, differs from plain decoding only at near-ties.
+    """
+    if not run.differing_passes:
+        return True
+    later = [find_divergences(plain.outputs, o, tops, dtype) for o in run.differing_outputs]
+    counted = f"{run.differing_passes} of {len(run.pass_walls) - 1} later timed passes"
+    if run is not plain and all(d.near_tie for ds in later for d in ds):
+        console.print(
+            f"[bold yellow]{run.label}: {counted} gave other outputs than the first, each "
+            "differing from plain decoding only at numerical near-ties (the verify lengths "
+            "changed between passes, and with them the rounding)[/]",
+            soft_wrap=True,
+        )
+        return True
+    console.print(
+        f"[bold red]{run.label}: {counted} gave other outputs than the first (greedy "
+        "decoding must repeat itself"
+        + ("" if run is plain else ", up to near-ties with plain decoding")
+        + ")[/]",
+        soft_wrap=True,
+    )
+    for ds in later:
+        for d in ds:
+            if not d.near_tie:
+                console.print(
+                    f"[bold red]{run.label}: MISMATCH (later pass): {d.describe()}[/]",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+    return False
 
 
 def run_sglang_demo(
@@ -761,25 +848,33 @@ def run_sglang_demo(
             "dtype": plan.dtype.dtype,
             "sleep_on_idle": True,
         }
-        plain_spec = CpuEngineSpec(
-            model_path=str(plan.model_path), overrides=base, omp_threads=plan.omp_threads
+        specs = {
+            "plain": CpuEngineSpec(
+                model_path=str(plan.model_path), overrides=base, omp_threads=plan.omp_threads
+            )
+        }
+        for engine in plan.engines:
+            specs[engine.label] = CpuEngineSpec(
+                model_path=str(plan.model_path),
+                overrides={
+                    **base,
+                    "speculative_algorithm": "DSPARK_MOE",
+                    "speculative_draft_model_path": str(plan.drafter_dir),
+                },
+                env=engine.env,
+                omp_threads=plan.omp_threads,
+            )
+        policies = ", ".join(
+            f"{e.policy} (SGLang's own decision: the whole block)"
+            if e.scheduler_config is None
+            else e.policy
+            for e in plan.engines
         )
-        dspark_spec = CpuEngineSpec(
-            model_path=str(plan.model_path),
-            overrides={
-                **base,
-                "speculative_algorithm": "DSPARK_MOE",
-                "speculative_draft_model_path": str(plan.drafter_dir),
-            },
-            env=plan.dspark_env,
-            omp_threads=plan.omp_threads,
-        )
-        policy = args.policy or "SGLang default (whole block, ragged mode static)"
         console.print(
             f"target {plan.model_path.name}, drafter {plan.drafter_dir.name} "
             f"({'trained' if plan.trained else 'UNTRAINED'}), {len(plan.prompts)} prompts x "
             f"<= {plan.max_new_tokens} new tokens, {plan.concurrency} request(s) in flight, "
-            f"greedy, {plan.dtype.dtype}, policy {policy}",
+            f"greedy, {plan.dtype.dtype}; DSPARK_MOE verify policies: {policies}",
             soft_wrap=True,
         )
         console.print(
@@ -791,7 +886,7 @@ def run_sglang_demo(
         )
         try:
             runs = run_engines(
-                {"plain": plain_spec, "DSPARK_MOE": dspark_spec},
+                specs,
                 plan.prompts,
                 warmup,
                 plan.max_new_tokens,
@@ -800,7 +895,8 @@ def run_sglang_demo(
                 passes=plan.passes,
                 concurrency=plan.concurrency,
             )
-            plain, spec = runs["plain"], runs["DSPARK_MOE"]
+            plain = runs["plain"]
+            spec_runs = [runs[e.label] for e in plan.engines]
         except ImportError as exc:
             print(
                 f"demo: error: SGLang is not importable ({exc}); build the venv with "
@@ -811,7 +907,7 @@ def run_sglang_demo(
         except RuntimeError as exc:  # SGLang reports a failed start-up as RuntimeError
             print(f"demo: error: SGLang's engine failed: {exc}", file=sys.stderr)
             return 2
-    ok = report(console, plain, spec, plan.dtype.dtype)
-    console.rule("first answer (DSPARK_MOE)")
-    console.print(tokenizer.decode(list(spec.outputs[0]), skip_special_tokens=True))
+    ok = report(console, plain, spec_runs, plan.dtype.dtype)
+    console.rule(f"first answer ({spec_runs[0].label})")
+    console.print(tokenizer.decode(list(spec_runs[0].outputs[0]), skip_special_tokens=True))
     return 0 if ok else 1

@@ -70,7 +70,10 @@ GREEDY_DRAFT_ENV = "SGLANG_DSPARK_USE_GREEDY_DRAFT"
 #: reads those tensors back to the host every step (a sync): the only per-step read of
 #: ours, and only when this is set; leave it unset in production.
 DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
-#: The STS calibration that travels with a drafter checkpoint.
+#: The name that asks for SGLang's own verify decision (the whole block, no scheduler
+#: config) wherever a policy name is taken for a DSPARK_MOE engine (``demo --policy``,
+#: ``demo --compare``, ``benchmarks/cpu_speedup.py --policies``).
+SGLANG_DECISION = "sglang"
 #: Where the chart's values set the block size (named in errors chart users see).
 CHART_BLOCK_SIZE = "slaTiers[].scheduler.blockSize"
 

@@ -1,11 +1,13 @@
 """``dspark-sglang demo`` / ``generate``: argument errors, and both demo engines end to end (slow).
 
 The SGLang demo test is the README's first command at small size: SGLang's
-engine on CPU, plain decoding then DSPARK_MOE with the embedded drafter, two
+engine on CPU, plain decoding and DSPARK_MOE with the embedded drafter under each
+default verify policy (our ``prefix``, SGLang's own decision, ``mtp1``), two
 prompts x 16 tokens. Its printed figures are parsed and checked against each
-other (tokens / wall time = tok/s, the ratio of the two, tokens / verify
-rounds = accepted length); greedy outputs must be token-identical, and the
-target's top-2 margins from the plain engine must line up with its tokens.
+other (tokens / wall time = tok/s, each engine's ratio to plain, tokens / verify
+rounds = accepted length); greedy outputs must be token-identical up to reported
+near-ties, and the target's top-2 margins from the plain engine must line up with
+its tokens.
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ def test_subcommands_are_registered() -> None:
     args = parser.parse_args(["demo", "--num-prompts", "2", "--policy", "mtp1"])
     assert args.num_prompts == 2 and args.policy == "mtp1" and args.temperature == 0.0
     assert args.engine == "sglang"  # the product is the default
-    assert parser.parse_args(["demo"]).policy is None  # SGLang decides unless told
+    # Unset: the SGLang demo leads with prefix beside --compare's defaults, the
+    # reference demo verifies every draft.
+    assert parser.parse_args(["demo"]).policy is None
+    assert parser.parse_args(["demo"]).compare is None
+    assert parser.parse_args(["demo", "--compare"]).compare == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--prompt", "hi", "--policy", "sglang"])  # demo only
     assert parser.parse_args(["demo", "--engine", "reference"]).engine == "reference"
     assert parser.parse_args(["demo"]).dtype == "auto"
     assert parser.parse_args(["demo", "--dtype", "bfloat16"]).dtype == "bfloat16"
@@ -69,7 +77,11 @@ def test_subcommands_are_registered() -> None:
         (["--threads", "0"], "--threads must be >= 1"),
         (["--passes", "0"], "--passes must be >= 1"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
-        (["--cost-table", "sps.json"], "give --policy too"),
+        (["--cost-table", "sps.json"], "--cost-table sps.json: no such file"),
+        (
+            ["--policy", "sglang", "--compare", "--cost-table", "sps.json"],
+            "only feeds our scheduler",
+        ),
         (["--policy", "static", "--sts", "/nonexistent/sts.json"], "no such file"),
     ],
 )
@@ -128,44 +140,49 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert ("UNTRAINED" in out) != _TRAINED
-    # Identical outputs, except that in bfloat16 a prompt may diverge at a numerical
-    # near-tie (its logits come in 0.125 steps), which the demo reports and passes.
-    same = int(_search(r"identical output at temperature 0: (\d)/2 prompts", out)[1])
-    dtype = choose_cpu_dtype("auto", read_cpuinfo()).dtype
-    assert same == 2 or (dtype == "bfloat16" and out.count("NEAR-TIE: ") == 2 - same), out
+    labels = ("DSPARK_MOE (prefix)", "DSPARK_MOE (sglang)", "DSPARK_MOE (mtp1)")
+    assert "DSPARK_MOE verify policies: prefix, sglang (SGLang's own decision" in out
     assert "1 request(s) in flight" in out  # the default: one request at a time
     # Every demo request is greedy, so DSPARK_MOE drafts by argmax (lossless all the same).
     assert "draft: argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1)" in out
+    dtype = choose_cpu_dtype("auto", read_cpuinfo()).dtype
 
     runs = {
         m["label"]: (int(m["tokens"]), float(m["wall"]), float(m["tps"]))
         for m in re.finditer(
-            r"^(?P<label>plain|DSPARK_MOE): (?P<tokens>\d+) tokens in (?P<wall>[\d.]+) s = "
-            r"(?P<tps>[\d.]+) tok/s \(median of 2 timed passes; passes [\d.]+-[\d.]+ tok/s\)$",
+            r"^(?P<label>plain|DSPARK_MOE \(\w+\)): (?P<tokens>\d+) tokens in (?P<wall>[\d.]+) "
+            r"s = (?P<tps>[\d.]+) tok/s \(median of 2 timed passes; passes [\d.]+-[\d.]+ tok/s\)$",
             out,
             re.MULTILINE,
         )
     }
-    assert set(runs) == {"plain", "DSPARK_MOE"}, out
+    assert set(runs) == {"plain", *labels}, out
     for tokens, wall, tps in runs.values():
         assert 2 <= tokens <= 32 and wall > 0
         assert tps == pytest.approx(tokens / wall, rel=1e-2, abs=0.01)
-    if same == 2:
-        assert runs["plain"][0] == runs["DSPARK_MOE"][0]  # identical outputs, identical counts
+    for label in labels:
+        # Identical outputs, except that in bfloat16 a prompt may diverge at a numerical
+        # near-tie (its logits come in 0.125 steps), which the demo reports and passes.
+        pattern = rf"{re.escape(label)}: identical output at temperature 0: (\d)/2 prompts"
+        same = int(_search(pattern, out)[1])
+        ties = out.count(f"{label}: NEAR-TIE: ")
+        assert same == 2 or (dtype == "bfloat16" and ties == 2 - same), out
+        if same == 2:
+            assert runs["plain"][0] == runs[label][0]  # identical outputs, identical counts
 
-    ratio = float(_search(r"speed ratio DSPARK_MOE / plain: ([\d.]+)x", out)[1])
-    assert ratio == pytest.approx(runs["DSPARK_MOE"][2] / runs["plain"][2], rel=2e-2)
+        ratio = float(_search(rf"speed ratio {re.escape(label)} / plain: ([\d.]+)x", out)[1])
+        assert ratio == pytest.approx(runs[label][2] / runs["plain"][2], rel=2e-2)
 
-    m = _search(
-        r"accepted length per round \(SGLang, incl\. bonus\): ([\d.]+) over (\d+) verify rounds, "
-        r"(\d+) drafts accepted",
-        out,
-    )
-    accept, rounds, accepted = float(m[1]), int(m[2]), int(m[3])
-    tokens = runs["DSPARK_MOE"][0]
-    assert 0 < rounds <= tokens and accept == pytest.approx(tokens / rounds, abs=1e-3)
-    assert accept >= 1.0 and accepted <= tokens
-    assert "first answer (DSPARK_MOE)" in out
+        m = _search(
+            rf"{re.escape(label)}: accepted length per round \(SGLang, incl\. bonus\): "
+            r"([\d.]+) over (\d+) verify rounds, (\d+) drafts accepted",
+            out,
+        )
+        accept, rounds, accepted = float(m[1]), int(m[2]), int(m[3])
+        tokens = runs[label][0]
+        assert 0 < rounds <= tokens and accept == pytest.approx(tokens / rounds, abs=1e-3)
+        assert accept >= 1.0 and accepted <= tokens
+    assert "first answer (DSPARK_MOE (prefix))" in out
     assert _children() <= before, "engine processes left behind"
 
     # The dtype both engines ran in, and why, as the CPU's flags decide it.
@@ -224,6 +241,14 @@ def test_reference_demo_refuses_concurrency(capsys: pytest.CaptureFixture[str]) 
 def test_reference_demo_refuses_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--engine", "reference", "--passes", "2"]) == 2
     assert "--passes times SGLang's engines" in capsys.readouterr().err
+
+
+def test_reference_demo_refuses_sglangs_decision_and_compare(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["--policy", "sglang"], ["--compare", "mtp1"]):
+        assert main(["demo", "--engine", "reference", *argv]) == 2
+        assert "need --engine sglang" in capsys.readouterr().err
 
 
 def test_reference_demo_refuses_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:

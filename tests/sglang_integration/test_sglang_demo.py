@@ -1,6 +1,6 @@
 """The SGLang demo's pieces that need no engine: figures, the greedy verdict, the --policy route.
 
-The demo end to end (two CPU engines) is tested through the CLI in
+The demo end to end (plain and one CPU engine per verify policy) is tested through the CLI in
 ``tests/cli/test_cli_demo.py``.
 """
 
@@ -15,19 +15,23 @@ import pytest
 from rich.console import Console
 
 from dspark_sglang.calibration.sts import StsCalibration
+from dspark_sglang.cli import build_parser
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
 from dspark_sglang.sglang_integration.demo import (
+    DemoEngine,
     DemoError,
     DemoPlan,
     EngineRun,
     cost_table_dtype,
+    demo_policies,
     report,
     write_scheduler_config,
 )
 from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTokens
 from dspark_sglang.sglang_integration.launch import (
     GREEDY_STS_FILENAME,
+    SGLANG_DECISION,
     STS_FILENAME,
     drafter_sts,
     scheduler_env,
@@ -90,14 +94,53 @@ def _plan(tmp_path: Path, scheduler_config: Path | None) -> DemoPlan:
         omp_threads=1,
         passes=1,
         concurrency=1,
-        scheduler_config=scheduler_config,
+        engines=(DemoEngine("x", scheduler_config),),
         dtype=choose_cpu_dtype("float32", None),
     )
+
+
+def _demo_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["demo", *argv])
+
+
+def test_the_demo_leads_with_prefix_beside_the_whole_block_and_mtp1() -> None:
+    assert demo_policies(_demo_args()) == ("prefix", SGLANG_DECISION, "mtp1")
+    # A lead named in --compare too runs once; --compare with no names runs the lead only.
+    assert demo_policies(_demo_args("--policy", SGLANG_DECISION)) == (SGLANG_DECISION, "mtp1")
+    assert demo_policies(_demo_args("--compare")) == ("prefix",)
+    assert demo_policies(_demo_args("--policy", "static", "--compare", "mtp1", "mtp1")) == (
+        "static",
+        "mtp1",
+    )
+    with pytest.raises(SystemExit):
+        _demo_args("--compare", "nope")
+
+
+def test_several_engines_get_one_config_file_each(tmp_path: Path) -> None:
+    drafter = _drafter_dir(tmp_path, 7, 7)
+    quiet = Console(quiet=True)
+    args = _demo_args()
+    paths = {
+        policy: write_scheduler_config(args, drafter, tmp_path, quiet, policy=policy)
+        for policy in demo_policies(args)
+    }
+    assert paths[SGLANG_DECISION] is None  # SGLang's own decision: no config
+    assert paths["prefix"] != paths["mtp1"]
+    for policy in ("prefix", "mtp1"):
+        path = paths[policy]
+        assert path is not None and SchedulerConfig.load(path).policy == policy
+    env = DemoEngine(SGLANG_DECISION, None).env
+    assert env["SGLANG_RAGGED_VERIFY_MODE"] == "static" and "DSPARK_SCHEDULER_CONFIG" not in env
+    assert DemoEngine("mtp1", paths["mtp1"]).label == "DSPARK_MOE (mtp1)"
 
 
 def test_without_policy_sglang_decides(tmp_path: Path) -> None:
     quiet = Console(quiet=True)
     assert write_scheduler_config(_args(), _drafter_dir(tmp_path, 7, 7), tmp_path, quiet) is None
+    assert (
+        write_scheduler_config(_args(policy=SGLANG_DECISION), tmp_path / "drafter", tmp_path, quiet)
+        is None
+    )
     assert scheduler_env(None) == {
         "SGLANG_RAGGED_VERIFY_MODE": "static",
         "SGLANG_DSPARK_USE_GREEDY_DRAFT": "0",
@@ -189,14 +232,32 @@ def test_report_passes_a_near_tie_loudly_and_fails_a_real_mismatch(dtype: str) -
     for margin, ok, word in ((tol / 4, True, "NEAR-TIE"), (tol * 4, False, "MISMATCH")):
         console = Console(record=True, width=400)
         plain = _run("plain", plain_out, _tops(plain_out, 7, margin))
-        assert report(console, plain, spec, dtype) is ok
+        assert report(console, plain, [spec], dtype) is ok
         text = console.export_text()
         assert "identical output at temperature 0: 1/2 prompts" in text
         assert f"{word}: prompt 1, token 1: plain 5 vs DSPARK_MOE 7" in text
         assert "6 of 6 plain tokens, 6 of them the target's first choice" in text
     # identical outputs pass, and without margins a mismatch cannot be excused
-    assert report(Console(quiet=True), plain, _run("DSPARK_MOE", plain_out), dtype)
-    assert not report(Console(quiet=True), _run("plain", plain_out), spec, dtype)
+    assert report(Console(quiet=True), plain, [_run("DSPARK_MOE", plain_out)], dtype)
+    assert not report(Console(quiet=True), _run("plain", plain_out), [spec], dtype)
+
+
+def test_report_checks_every_engine_and_fails_if_one_fails() -> None:
+    plain_out = [[1, 2, 3], [4, 5, 6]]
+    plain = _run("plain", plain_out, _tops(plain_out, 7, 10.0))  # no near-ties anywhere
+    good = EngineRun.from_outputs(
+        "DSPARK_MOE (prefix)", [{"output_ids": o, "meta_info": {}} for o in plain_out], 0.5
+    )
+    bad = _run("DSPARK_MOE (mtp1)", [[1, 2, 3], [4, 7, 7]])
+    console = Console(record=True, width=400)
+    assert report(console, plain, [good, bad], "float32") is False
+    text = console.export_text()
+    assert "speed ratio DSPARK_MOE (prefix) / plain: 2.000x" in text
+    assert "speed ratio DSPARK_MOE (mtp1) / plain: 1.000x" in text
+    assert "DSPARK_MOE (prefix): identical output at temperature 0: 2/2 prompts" in text
+    assert "DSPARK_MOE (mtp1): identical output at temperature 0: 1/2 prompts" in text
+    assert "DSPARK_MOE (mtp1): MISMATCH: prompt 1, token 1" in text
+    assert report(Console(quiet=True), plain, [good, good], "float32")
 
 
 def test_report_gives_the_median_of_the_passes_and_fails_a_pass_that_differs() -> None:
@@ -206,7 +267,7 @@ def test_report_gives_the_median_of_the_passes_and_fails_a_pass_that_differs() -
     assert plain.pass_tokens_per_second() == (1.0, 2.0, 4.0)
     spec = EngineRun.from_outputs("DSPARK_MOE", out, 1.0, pass_walls=(1.0, 0.5, 2.0))
     console = Console(record=True, width=400)
-    assert report(console, plain, spec, "float32")
+    assert report(console, plain, [spec], "float32")
     text = console.export_text()
     assert "plain: 4 tokens in 2.000 s = 2.00 tok/s (median of 3 timed passes; " in text
     assert "passes 1.00-4.00 tok/s)" in text
@@ -216,7 +277,7 @@ def test_report_gives_the_median_of_the_passes_and_fails_a_pass_that_differs() -
         "DSPARK_MOE", out, 1.0, pass_walls=(1.0, 1.0, 1.0), differing_outputs=[[[1, 2, 9, 9]]]
     )
     console = Console(record=True, width=400)
-    assert not report(console, plain, shaky, "float32")
+    assert not report(console, plain, [shaky], "float32")
     assert "DSPARK_MOE: 1 of 2 later timed passes gave other outputs" in console.export_text()
 
 
@@ -237,7 +298,7 @@ def test_a_later_speculative_pass_may_differ_only_at_a_near_tie(dtype: str) -> N
             differing_outputs=[[[1, 2, 7, 7]]],
         )
         console = Console(record=True, width=400)
-        assert report(console, plain, spec, dtype) is ok
+        assert report(console, plain, [spec], dtype) is ok
         text = console.export_text()
         assert "DSPARK_MOE: 1 of 2 later timed passes gave other outputs than the first" in text
         if ok:
@@ -253,7 +314,7 @@ def test_a_later_speculative_pass_may_differ_only_at_a_near_tie(dtype: str) -> N
             pass_walls=(1.0, 1.0, 1.0),
             differing_outputs=[[[1, 2, 7, 7]]],
         )
-        assert not report(Console(quiet=True), shaky_plain, _run("DSPARK_MOE", plain_out), dtype)
+        assert not report(Console(quiet=True), shaky_plain, [_run("DSPARK_MOE", plain_out)], dtype)
 
 
 def test_without_a_cost_table_the_worker_measures_one_at_start_up(tmp_path: Path) -> None:
