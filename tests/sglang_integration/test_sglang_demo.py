@@ -22,12 +22,11 @@ from dspark_sglang.sglang_integration.demo import (
     DemoEngine,
     DemoError,
     DemoPlan,
-    EngineRun,
     cost_table_dtype,
     demo_policies,
-    report,
     write_scheduler_config,
 )
+from dspark_sglang.sglang_integration.demo_report import EngineRun, report
 from dspark_sglang.sglang_integration.greedy_check import NEAR_TIE_TOLERANCE, TopTokens
 from dspark_sglang.sglang_integration.launch import (
     GREEDY_STS_FILENAME,
