@@ -658,7 +658,8 @@ def run_repeat(
     greedy cell the plain engine also computes, untimed, the target's best tokens along its
     outputs (``demo.target_top_tokens``).
     """
-    from dspark_sglang.sglang_integration.demo import EngineRun, target_top_tokens
+    from dspark_sglang.sglang_integration.demo import target_top_tokens
+    from dspark_sglang.sglang_integration.demo_report import EngineRun
     from dspark_sglang.sglang_integration.engine import generate_outputs, timed_in_flight
     from dspark_sglang.sglang_integration.engine_process import engine_processes, turns
 

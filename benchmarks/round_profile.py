@@ -278,7 +278,7 @@ def run_engine(
     """Start one engine with profiling into ``path``; ``passes`` timed passes over the
     prompts, ``concurrency`` requests in one batch at a time, each pass its own snapshot
     difference."""
-    from dspark_sglang.sglang_integration.demo import EngineRun
+    from dspark_sglang.sglang_integration.demo_report import EngineRun
     from dspark_sglang.sglang_integration.engine import (
         cpu_engine,
         generate_in_batches,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from bench_scripts import load_benchmark
 
-from dspark_sglang.sglang_integration.demo import EngineRun
+from dspark_sglang.sglang_integration.demo_report import EngineRun
 from dspark_sglang.sglang_integration.greedy_check import TopTokens
 
 REPO = Path(__file__).resolve().parents[2]
