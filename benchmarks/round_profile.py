@@ -16,12 +16,15 @@ at a time, as ``dspark-sglang demo --engine sglang`` runs them:
   accept, hidden-state commit into the draft KV, observers and metrics), and every plain
   decode step of the plain engine (``TpModelWorker.forward_batch_generation`` on a decode
   batch). Execution on CPU is synchronous, so wall time per phase is its compute.
-* One DSPARK_MOE engine, then one plain engine (never both alive: they would share the
-  cores); each gets an untimed warm-up request, then ``--repeats`` timed passes over
-  the prompts; only a pass's steps count (two snapshots of the running totals,
-  subtracted). Repeat ``r`` pairs pass ``r`` of both engines. One engine per kind, not
-  one per repeat: a CPU engine start costs about a minute, several under load. Later
-  passes hit the radix cache for the prompt's prefill, which no decode step depends on.
+* One DSPARK_MOE engine and one plain engine, each in its own process
+  (``engine_process``), started one after the other and alive together; the one
+  waiting for its turn sleeps (SGLang's ``sleep_on_idle``). Each gets an untimed warm-up
+  request, then ``--repeats`` timed passes over the prompts, the two engines taking
+  turns (DSPARK_MOE, plain, plain, DSPARK_MOE, ...: ``engine_process.turns``), so the
+  machine's drift over minutes hits both alike; only a pass's steps count (two
+  snapshots of the running totals, subtracted). Repeat ``r`` pairs pass ``r`` of both
+  engines. Later passes hit the radix cache for the prompt's prefill, which no decode
+  step depends on.
 
 Reported per phase: mean ms per round, share of the round, and the same in plain decode
 steps; the round / plain step ratio; accepted tokens per round (SGLang's
@@ -265,39 +268,35 @@ def settled_snapshot(path: Path, *, quiet_s: float = 0.3, timeout_s: float = 10.
     return last
 
 
-def run_engine(
-    spec: Any,
-    path: Path,
+def run_engines(
+    specs: Mapping[str, Any],
+    paths: Mapping[str, Path],
     prompts: Sequence[Sequence[int]],
     warmup: Sequence[int],
     new: int,
     passes: int,
     console: Any,
     concurrency: int = 1,
-) -> list[dict[str, Any]]:
-    """Start one engine with profiling into ``path``; ``passes`` timed passes over the
-    prompts, ``concurrency`` requests in one batch at a time, each pass its own snapshot
-    difference."""
+) -> dict[str, list[dict[str, Any]]]:
+    """Start the engines (``specs``, in order, each profiling into ``paths[name]``), alive
+    together; ``passes`` timed passes of each over the prompts in turns, ``concurrency``
+    requests in one batch at a time, each pass its own snapshot difference."""
     from dspark_sglang.sglang_integration.demo_report import EngineRun
-    from dspark_sglang.sglang_integration.engine import (
-        cpu_engine,
-        generate_in_batches,
-        generate_outputs,
-    )
+    from dspark_sglang.sglang_integration.engine import generate_outputs, timed_in_batches
+    from dspark_sglang.sglang_integration.engine_process import engine_processes, turns
 
-    label = spec.overrides.get("speculative_algorithm", "plain")
-    out = []
-    t0 = time.perf_counter()
-    with cpu_engine(spec) as engine:
-        startup = round(time.perf_counter() - t0, 1)
-        generate_outputs(engine, [list(warmup)], 8)  # untimed: first-call set-up
-        for k in range(passes):
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
+    with engine_processes(specs) as engines:
+        for engine in engines.values():
+            engine.call(generate_outputs, [list(warmup)], 8)  # untimed: first-call set-up
+        for name in turns(list(specs), passes):
+            engine, path = engines[name], paths[name]
+            label = specs[name].overrides.get("speculative_algorithm", "plain")
+            startup = round(engine.startup_s or 0.0, 1)
             before = settled_snapshot(path)
-            t0 = time.perf_counter()
-            outputs = generate_in_batches(engine, prompts, new, concurrency)
-            wall = time.perf_counter() - t0
+            wall, outputs = engine.call(timed_in_batches, prompts, new, concurrency)
             after = settled_snapshot(path)
-            out.append(
+            out[name].append(
                 {
                     "delta": rp.delta(before, after),
                     "wall_s": wall,
@@ -306,7 +305,8 @@ def run_engine(
                 }
             )
             console.print(
-                f"{label}: pass {k + 1}/{passes} {wall:.1f} s (engine start-up {startup} s)",
+                f"{label}: pass {len(out[name])}/{passes} {wall:.1f} s (engine start-up "
+                f"{startup} s)",
                 highlight=False,
             )
     return out
@@ -405,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "log_level": "error",
             "dtype": args.dtype,
             "mem_fraction_static": args.mem_fraction_static,
+            # Both engines are alive together; the one waiting for its turn sleeps.
+            "sleep_on_idle": True,
         }
         specs = {
             "plain": (base, {}),
@@ -435,9 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "policy": args.policy or "SGLang's own decision (ragged verify mode static)",
                 "repeats": args.repeats,
                 "tolerance": args.tolerance,
-                "order": "one DSPARK_MOE engine, then one plain engine (never both alive); "
-                "each: an untimed warm-up request (8 tokens), then --repeats timed passes "
-                "over the prompts; repeat r pairs pass r of both engines",
+                "order": "one DSPARK_MOE engine and one plain engine, each in its own "
+                "process, started in that order and alive together (sleep_on_idle); each: "
+                "an untimed warm-up request (8 tokens), then --repeats timed passes over "
+                "the prompts, the engines in turns (engine_process.turns); repeat r pairs "
+                "pass r of both engines",
                 "profiling": f"{rp.ENV} (dspark_sglang/sglang_integration/round_profile.py)",
                 "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
             },
@@ -447,26 +451,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw: list[dict[str, Any]] = []
         repeats: list[dict[str, Any]] = []
         identical: list[int] = []
-        passes: dict[str, list[dict[str, Any]]] = {}
-        for name in START_ORDER:
-            overrides, env = specs[name]
-            path = Path(tmp) / f"{name}.json"
-            spec = CpuEngineSpec(
+        paths = {name: Path(tmp) / f"{name}.json" for name in START_ORDER}
+        engine_specs = {
+            name: CpuEngineSpec(
                 model_path=str(plan.model_path),
-                overrides=overrides,
-                env={**env, rp.ENV: str(path)},
+                overrides=specs[name][0],
+                env={**specs[name][1], rp.ENV: str(paths[name])},
                 omp_threads=args.threads,
             )
-            passes[name] = run_engine(
-                spec,
-                path,
-                plan.prompts,
-                warmup,
-                args.new_tokens,
-                args.repeats,
-                console,
-                args.concurrency,
-            )
+            for name in START_ORDER
+        }
+        passes = run_engines(
+            engine_specs,
+            paths,
+            plan.prompts,
+            warmup,
+            args.new_tokens,
+            args.repeats,
+            console,
+            args.concurrency,
+        )
         for rep in range(args.repeats):
             runs = {name: passes[name][rep] for name in ENGINES}
             spec_run = runs["dspark_moe"]["run"]

@@ -232,6 +232,22 @@ def timed_in_flight(
     return time.perf_counter() - start, out
 
 
+def timed_in_batches(
+    engine: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    width: int,
+    sampling: Mapping[str, Any] | None = None,
+) -> tuple[float, list[dict[str, Any]]]:
+    """:func:`generate_in_batches` and its wall time: ``(seconds, outputs)``.
+
+    Module-level for an ``EngineProcess``, like :func:`timed_in_flight`.
+    """
+    start = time.perf_counter()
+    out = generate_in_batches(engine, prompts, max_new_tokens, width, sampling)
+    return time.perf_counter() - start, out
+
+
 def generate_ids(
     engine: Any,
     prompts: list[list[int]],
