@@ -73,6 +73,23 @@ def test_each_engine_is_sglangs_and_matches_hf(
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_timed_passes_run_in_the_engines_process(
+    two_engines: dict[str, EngineProcess],
+    prompt_ids: list[list[int]],
+    hf_reference: list[list[int]],
+) -> None:
+    """What the demo, ``cpu_speedup`` and ``round_profile`` send: a pass timed in the child."""
+    from dspark_sglang.sglang_integration.engine import timed_in_batches, timed_in_flight
+
+    engine = two_engines["b"]
+    for timed in (timed_in_batches, timed_in_flight):
+        wall, outputs = engine.call(timed, prompt_ids[:3], NEW_TOKENS, 2)
+        assert [o["output_ids"] for o in outputs] == hf_reference[:3], timed.__name__
+        assert wall > 0
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_an_error_in_a_call_comes_back_typed_and_the_engine_lives_on(
     two_engines: dict[str, EngineProcess], prompt_ids: list[list[int]]
 ) -> None:
