@@ -226,6 +226,10 @@ class DataConfig:
     # faster (benchmarks/training_precision.py); hidden states are always cached from the
     # float32 target, which is what the drafter is conditioned on at serve time.
     gen_dtype: str = "float32"
+    # The sampling temperature of the regenerated responses: 1 (the method's default)
+    # teaches the target's whole distribution; 0 regenerates the target's greedy
+    # continuations, for a drafter that serves greedy requests only.
+    temperature: float = 1.0
     hidden_states: HiddenStatesMode = "cache"
     # Who samples the responses (GENERATORS): "hf" (HF generate here), "sglang" (SGLang's
     # Engine in this process, on run.device) or "openai" (running SGLang servers at
@@ -273,6 +277,16 @@ class DataConfig:
         if self.gen_dtype not in COMPUTE_DTYPES:
             raise ValueError(
                 f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
+            )
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not (0.0 <= self.temperature <= 2.0)
+        ):
+            raise ValueError(
+                f"data.temperature must be a number in [0, 2] (1: sample the target's "
+                f"distribution, the method's default; 0: its greedy continuation), "
+                f"got {self.temperature!r}"
             )
         self._check_generator()
 

@@ -4,8 +4,9 @@ Two resumable passes, both organised as *append-only shards + an index*:
 
 1. ``regenerate_responses``: prompts (already token ids, encoded with the
    target's chat template) are cut into shards of ``batch_size`` in a fixed
-   order and sampled by the target at temperature 1 (no top-k/top-p: the
-   drafter must learn the target's true distribution). Who samples is a
+   order and sampled by the target at ``data.temperature`` (default 1, no
+   top-k/top-p: the drafter must learn the target's true distribution; 0 takes
+   the target's greedy continuation, for drafters of greedy-only tiers). Who samples is a
    ``ShardSampler`` (``data.generator``): HF ``generate`` here (``hf_sampler``,
    left-padded batches; ``generate_responses``), SGLang's Engine
    (``regen_sglang``) or SGLang servers (``regen_openai``); the shard writer is
@@ -114,10 +115,10 @@ class GenerationSettings:
             )
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ValueError(f"data.gen_batch_size must be an int >= 1, got {self.batch_size!r}")
-        if not (isinstance(self.temperature, int | float) and self.temperature > 0):
+        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
             raise ValueError(
-                f"data.temperature must be > 0 (responses are sampled, as in the paper), "
-                f"got {self.temperature!r}"
+                f"data.temperature must be >= 0 (1: sample the target's distribution, as in "
+                f"the paper; 0: its greedy continuation), got {self.temperature!r}"
             )
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
@@ -329,9 +330,11 @@ def hf_sampler(
     model: PreTrainedModel, settings: GenerationSettings, *, pad_token_id: int, eos: Sequence[int]
 ) -> ShardSampler:
     """HF ``generate`` on left-padded batches; batch ``b`` is seeded with ``seed_for(seed, b)``."""
+    greedy = settings.temperature == 0
+    sampling = {} if greedy else {"temperature": float(settings.temperature)}
     gen_cfg = GenerationConfig(
-        do_sample=True,
-        temperature=float(settings.temperature),
+        do_sample=not greedy,
+        **sampling,
         top_k=0,
         top_p=1.0,
         max_new_tokens=settings.max_new_tokens,

@@ -3,9 +3,9 @@
 ``run_data_stage`` builds the prompts of ``data.sources`` (the built-in mix and/or chat
 JSONL files; skipped rows and prompts counted per reason in ``sources.json``), checks
 they are disjoint from the eval sets, has the target regenerate responses
-(temperature 1; with HF ``generate``, SGLang's in-process ``Engine`` or running SGLang
-servers, ``data.generator``) and caches hidden states (bfloat16; skipped with
-``data.hidden_states: online``);
+(``data.temperature``, 1 unless set; with HF ``generate``, SGLang's in-process
+``Engine`` or running SGLang servers, ``data.generator``) and caches hidden states
+(bfloat16; skipped with ``data.hidden_states: online``);
 ``run_train_stage`` trains the configured drafter on that cache, or with ``online`` on
 the responses, running the frozen target inside each step. Both resume where
 they stopped (data: per shard; training: ``resume=True`` from the latest checkpoint).
@@ -127,6 +127,7 @@ def run_data_stage(
     settings = GenerationSettings(
         max_new_tokens=d.max_new_tokens,
         batch_size=d.gen_batch_size,
+        temperature=float(d.temperature),
         seed=d.seed,
         dtype=d.gen_dtype,
         generator=d.generator,

@@ -4,9 +4,9 @@ Each prompt is one ``POST /v1/completions`` request (SGLang's OpenAI-compatible 
 the prompt goes as token ids (``prompt: [ids]``, the chat template already applied) and
 ``return_token_ids: true`` (an SGLang extension of that API) returns the sampled ids in
 ``choices[0].token_ids``, so no text round trip can change a token. Sampling is
-``datagen``'s: temperature 1, no top-k / top-p / min-p, stop at the EOS ids
-(``stop_token_ids``), ``seed = seed_for_prompt(data.seed, prompt id)`` (SGLang's
-``sampling_seed``).
+``datagen``'s: ``data.temperature`` (1 unless set; 0 is greedy), no top-k / top-p /
+min-p, stop at the EOS ids (``stop_token_ids``),
+``seed = seed_for_prompt(data.seed, prompt id)`` (SGLang's ``sampling_seed``).
 
 Invariants:
 

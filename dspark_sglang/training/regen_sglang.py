@@ -6,8 +6,9 @@ hidden-state cache and the trainer cannot tell who sampled.
 
 Invariants:
 
-* Every request samples at temperature 1 with no top-k / top-p / min-p (the drafter must
-  learn the target's true distribution), stops at the target's EOS ids or after
+* Every request samples at ``data.temperature`` (1 unless set; 0 is SGLang's greedy
+  decoding) with no top-k / top-p / min-p (the drafter must learn the target's true
+  distribution), stops at the target's EOS ids or after
   ``max_new_tokens``, and carries ``sampling_seed = seed_for_prompt(data.seed, prompt id)``:
   a pure function of the prompt, never of its batch, window or arrival order.
 * SGLang 0.5.23 honours ``sampling_seed`` only when the engine runs with

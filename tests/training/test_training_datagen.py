@@ -100,6 +100,32 @@ def test_generation_samples_from_the_full_distribution(tmp_path: Path) -> None:
     assert chi2 < chi2_dist.ppf(0.999, df), (chi2, df)
 
 
+def test_temperature_zero_regenerates_the_targets_greedy_continuation(tmp_path: Path) -> None:
+    # data.temperature 0: every response is the target's argmax continuation, token by
+    # token (checked against a plain argmax loop over the model's own logits), and the
+    # manifest pins the temperature so a resume at temperature 1 is refused.
+    model, prompts = tiny_llama(), tiny_prompts(6)
+    greedy = GenerationSettings(max_new_tokens=12, batch_size=3, seed=7, temperature=0)
+    kw = {"pad_token_id": PAD, "eos_token_ids": [EOS], "progress": False}
+    recs = generate_responses(model, prompts, tmp_path, greedy, **kw)
+    for rec, prompt in zip(recs, prompts, strict=True):
+        ids = list(prompt.prompt_ids)
+        expect: list[int] = []
+        with torch.no_grad():
+            while len(expect) < greedy.max_new_tokens:
+                nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+                expect.append(nxt)
+                ids.append(nxt)
+                if nxt == EOS:
+                    break
+        assert rec.response_ids == expect, rec.id
+    sampled = GenerationSettings(max_new_tokens=12, batch_size=3, seed=7)
+    with pytest.raises(ValueError, match="temperature"):
+        generate_responses(model, prompts + tiny_prompts(9)[6:], tmp_path, sampled, **kw)
+    with pytest.raises(ValueError, match=r"data.temperature must be >= 0"):
+        GenerationSettings(temperature=-1.0)
+
+
 def test_hidden_cache_matches_the_target_forward(tiny_data_dir: Path) -> None:
     model = tiny_llama()
     cache = HiddenCache(tiny_data_dir)
