@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shutil
 from pathlib import Path
@@ -286,6 +288,24 @@ def test_scale_pair_shares_data_and_schedule(scale: str, previous: str | None) -
             assert Path(cfg.run.init_from).name == Path(cfg.run.out_dir).name.replace(
                 f"_{scale}", f"_{previous}"
             )
+
+
+def test_greedy_recipe_is_x5_on_greedy_continuations() -> None:
+    """The greedy drafter is compared with x5-style T = 1 drafters: only how its data is
+    regenerated (temperature 0, through SGLang's engine), where it lives, and the schedule
+    may differ."""
+    x5 = load_config(REPO / "configs" / f"{X5_DSPARK}.yaml")
+    greedy = load_config(REPO / "configs/scale/dspark_smollm2_1layer_r96_greedy.yaml")
+    for section in ("target", "drafter", "anchors", "loss"):
+        assert getattr(greedy, section) == getattr(x5, section), section
+    assert (greedy.data.temperature, x5.data.temperature) == (0, 1.0)
+    regen = ("dir", "temperature", "generator", "max_in_flight", "gen_batch_size")
+    for f in dataclasses.fields(greedy.data):
+        if f.name not in regen:
+            assert getattr(greedy.data, f.name) == getattr(x5.data, f.name), f.name
+    assert greedy.data.dir != x5.data.dir
+    assert greedy.run.autocast == x5.run.autocast == "bfloat16"
+    assert greedy.run.init_from is None
 
 
 def test_x5_ar_baseline_shares_the_pairs_data_and_precision() -> None:
