@@ -278,15 +278,11 @@ class DataConfig:
             raise ValueError(
                 f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
             )
-        if (
-            isinstance(self.temperature, bool)
-            or not isinstance(self.temperature, int | float)
-            or not (0.0 <= self.temperature <= 2.0)
-        ):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
             raise ValueError(
-                f"data.temperature must be a number in [0, 2] (1: sample the target's "
-                f"distribution, the method's default; 0: its greedy continuation), "
-                f"got {self.temperature!r}"
+                f"data.temperature must be >= 0 (1: sample the target's distribution, as in "
+                f"the paper; 0: its greedy continuation), got {t!r}"
             )
         self._check_generator()
 

@@ -108,9 +108,10 @@ def test_sources_round_trip_and_paths_resolve_against_the_repo_root(tmp_path: Pa
         ({"chat_template_kwargs": {"tokenize": False}}, r"sets \['tokenize'\]: the data stage"),
         ({"mask_token_id": -1}, r"data.mask_token_id must be an integer >= 0"),
         ({"mask_token_id": True}, r"data.mask_token_id must be an integer"),
-        ({"temperature": -0.5}, r"data.temperature must be a number in \[0, 2\].*0: its greedy"),
-        ({"temperature": "0"}, r"data.temperature must be a number"),
-        ({"temperature": True}, r"data.temperature must be a number"),
+        ({"temperature": -0.5}, r"data.temperature must be >= 0 \(1: sample.*0: its greedy"),
+        ({"temperature": "0"}, r"data.temperature must be >= 0"),
+        ({"temperature": True}, r"data.temperature must be >= 0"),
+        ({"temperature": float("nan")}, r"data.temperature must be >= 0"),
     ],
 )
 def test_bad_data_sections_are_refused_naming_the_field(data: dict[str, Any], match: str) -> None:
