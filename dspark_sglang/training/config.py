@@ -42,6 +42,16 @@ def _number(section: str, name: str, value: object, lo: float = 0.0, hi: float =
         raise ValueError(f"{section}.{name} must be a number in [{lo}, {hi}], got {value!r}")
 
 
+def check_data_temperature(value: object) -> None:
+    """``data.temperature``: a number >= 0 (bools and NaN refused). Checked by the config
+    and again by ``datagen.GenerationSettings``, which can be built without one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(
+            f"data.temperature must be >= 0 (1: sample the target's distribution, as in "
+            f"the paper; 0: its greedy continuation), got {value!r}"
+        )
+
+
 COMPUTE_DTYPES = ("float32", "bfloat16")
 TARGET_DTYPES = ("float32", "bfloat16", "float16")
 #: Who regenerates the responses: HF ``generate`` in this process, SGLang's ``Engine`` in
@@ -278,12 +288,7 @@ class DataConfig:
             raise ValueError(
                 f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.gen_dtype!r}"
             )
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
-            raise ValueError(
-                f"data.temperature must be >= 0 (1: sample the target's distribution, as in "
-                f"the paper; 0: its greedy continuation), got {t!r}"
-            )
+        check_data_temperature(self.temperature)
         self._check_generator()
 
     def _check_generator(self) -> None:

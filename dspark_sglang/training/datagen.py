@@ -50,7 +50,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
-from dspark_sglang.training.config import COMPUTE_DTYPES, GENERATORS
+from dspark_sglang.training.config import COMPUTE_DTYPES, GENERATORS, check_data_temperature
 from dspark_sglang.training.hidden_format import (
     DEFAULT_CACHE_DTYPE,
     STORED_DTYPES,
@@ -115,11 +115,7 @@ class GenerationSettings:
             )
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ValueError(f"data.gen_batch_size must be an int >= 1, got {self.batch_size!r}")
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            raise ValueError(
-                f"data.temperature must be >= 0 (1: sample the target's distribution, as in "
-                f"the paper; 0: its greedy continuation), got {self.temperature!r}"
-            )
+        check_data_temperature(self.temperature)
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"data.gen_dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
         if self.generator not in GENERATORS:
