@@ -16,6 +16,8 @@ Per drafter ``d`` and domain ``D`` (requests ``i``, each with ``n_i`` rounds and
                      are correlated, requests are the independent units)
     position k      accepted_k / reached_k             (conditional acceptance)
     macro           mean over domains of L, stderr sqrt(sum se_D^2) / |domains|
+    copy acceptance copies_accepted / copies_reached   (drafters run with context copies:
+                    the copied drafts among the reached / accepted ones)
     gain(a over b)  100 * (L_a / L_b - 1) %           (per domain and macro)
     its stderr      100 * sqrt(V_a/L_b^2 + L_a^2 V_b/L_b^4 - 2 L_a C_ab/L_b^3)  (delta method)
                     V = stderr^2; C_ab = R/(R-1) sum_i u_ai u_bi with u_i = (s_i - L n_i) / sum n,
@@ -318,6 +320,8 @@ class CellResult:
     confidence_logits: tuple[torch.Tensor, ...] | None = field(
         default=None, repr=False, compare=False
     )
+    copies_reached: int = 0
+    copies_accepted: int = 0
 
     def __post_init__(self) -> None:
         b = self.block_size
@@ -363,6 +367,8 @@ class CellResult:
             "position_reached": list(self.position_reached),
             "position_accepted": list(self.position_accepted),
             "accepted_per_round": [list(r) for r in self.accepted],
+            "copies_reached": self.copies_reached,
+            "copies_accepted": self.copies_accepted,
         }
 
 
@@ -378,6 +384,8 @@ class AcceptanceReport:
     seed: int
     temperature: float = 1.0
     policy: str = "verify_all"
+    #: Drafters run with context copies: name -> n-gram (absent: none).
+    context_copy: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for d in self.drafters:
@@ -451,6 +459,7 @@ class AcceptanceReport:
                 "temperature": self.temperature,
                 "policy": self.policy,
                 "bonus_token_included": True,
+                "context_copy_ngram": {d: self.context_copy.get(d, 0) for d in self.drafters},
             },
             "drafters": list(self.drafters),
             "domains": list(self.domains),
@@ -504,6 +513,7 @@ def measure_acceptance(
     stop_token_ids: Sequence[int] | None = None,
     progress: Progress | None = None,
     sampling: SamplingParams = BENCH_SAMPLING,
+    context_copy: Mapping[str, int] | None = None,
 ) -> AcceptanceReport:
     """Run every drafter on the first ``num_prompts`` prompts of every eval set.
 
@@ -512,7 +522,9 @@ def measure_acceptance(
     stops at ``stop_token_ids`` (default: the target's EOS ids). ``sampling``
     defaults to the paper's temperature 1; other temperatures (0 = greedy) show
     how a drafter's advantage moves with the serving temperature, and apply to
-    drafter and target alike, so verification stays lossless.
+    drafter and target alike, so verification stays lossless. ``context_copy`` maps a
+    drafter name to an n-gram: that drafter's drafts are replaced by context copies
+    (``model/context_copy.py``) where the context repeats itself.
     """
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
@@ -523,6 +535,10 @@ def measure_acceptance(
     for dom, prompts in eval_sets.items():
         if not prompts:
             raise ValueError(f"eval set {dom!r} has no prompts")
+    copy = dict(context_copy or {})
+    unknown = sorted(set(copy) - set(drafters))
+    if unknown:
+        raise ValueError(f"context_copy names drafters that are not measured: {unknown}")
     stops = tuple(target.eos_token_ids if stop_token_ids is None else stop_token_ids)
     cells: dict[str, dict[str, CellResult]] = {}
     for name, drafter in drafters.items():
@@ -530,7 +546,14 @@ def measure_acceptance(
         cells[name] = {}
         for dom, prompts in eval_sets.items():
             chosen = [list(p) for p in prompts[:num_prompts]]
-            gen = ReferenceGenerator(target, proposer, VerifyAll(), sampling=sampling, seed=seed)
+            gen = ReferenceGenerator(
+                target,
+                proposer,
+                VerifyAll(),
+                sampling=sampling,
+                seed=seed,
+                context_copy_ngram=copy.get(name, 0),
+            )
             if progress is not None:
                 progress(name, dom, 0)
             t0 = time.perf_counter()
@@ -557,6 +580,8 @@ def measure_acceptance(
                 confidence_logits=(
                     None if res.confidence_logits is None else tuple(res.confidence_logits)
                 ),
+                copies_reached=res.copies_reached,
+                copies_accepted=res.copies_accepted,
             )
     return AcceptanceReport(
         drafters=tuple(drafters),
@@ -567,6 +592,7 @@ def measure_acceptance(
         seed=seed,
         temperature=sampling.temperature,
         policy=VerifyAll().name,
+        context_copy={name: n for name, n in copy.items() if n},
     )
 
 
@@ -588,7 +614,9 @@ def write_traces(report: AcceptanceReport, traces_dir: str | Path) -> list[Path]
     ``DIR/<drafter>/rollouts_<domain>.jsonl`` (``calibration.rollouts`` format,
     ``verified = B``). ``accepted`` is exact: every round verified all ``B`` drafts.
     Request ids are the prompt's index in its eval set (unique per file). Cells
-    without any round (every request ended at its first token) are skipped.
+    without any round (every request ended at its first token) are skipped, and so are
+    drafters run with context copies (their confidences scored drafts that copies
+    replaced, so their rounds would mislead a calibration).
     """
     from dspark_sglang.calibration.rollouts import Rollouts, save_rollouts
     from dspark_sglang.planning.traces import AcceptanceTraces, save_traces
@@ -596,6 +624,8 @@ def write_traces(report: AcceptanceReport, traces_dir: str | Path) -> list[Path]
     written: list[Path] = []
     root = Path(traces_dir)
     for name in report.drafters:
+        if report.context_copy.get(name, 0):
+            continue
         for dom in report.domains:
             cell = report.cells[name][dom]
             if cell.confidence_logits is None or cell.num_rounds == 0:

@@ -51,6 +51,12 @@ prompts in file order, as for the built-in sets (a skipped prompt keeps its
 number, so disjoint ranges stay disjoint). The built-in sets still run unless
 --eval-sets says otherwise: --eval-sets none runs only the --prompts sets.
 
+Context copies: --context-copy N also runs every drafter as NAME+copy, in the same
+run on the same prompts, with drafts copied from the request's own text wherever
+its last N tokens occurred before (the token that followed them then); the table
+shows both rows, and the gains line compares them. Copies keep verification
+lossless (a copy's draft distribution is one-hot on it).
+
 A drafter PATH may be a checkpoint folder written by `dspark-sglang train`
 (runs/train/<run>/checkpoints/step-NNNNNN), its drafter/ subfolder, or the run
 folder itself (its latest checkpoint is used). The kind (DSpark, DFlash-style
@@ -81,6 +87,8 @@ on your own held-out chats only (e.g. to fit STS for your traffic):
 
 #: Names the result file and its run folder (committed copy: results/acceptance.json).
 BENCHMARK = "acceptance"
+#: Appended to a drafter's name for its --context-copy run.
+COPY_SUFFIX = "+copy"
 
 
 def _split_named(flag: str, value: str, shape: str, names: str) -> tuple[str, str]:
@@ -215,6 +223,14 @@ def _add_arguments(a: argparse.ArgumentParser) -> None:
         "setting; 0 = greedy: a draft is accepted while it equals the target's argmax)",
     )
     a.add_argument(
+        "--context-copy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run every drafter as NAME+copy, with drafts copied from the context "
+        "where its last N tokens occurred before (2 or 3 work well; 0 = off)",
+    )
+    a.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -250,6 +266,11 @@ def _validate(
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.context_copy < 0:
+        raise UsageError(
+            f"--context-copy must be >= 0 (0 = off, N = trailing tokens to match), "
+            f"got {args.context_copy}"
+        )
     if not (0.0 <= args.temperature < float("inf")):
         raise UsageError(
             f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"
@@ -302,6 +323,8 @@ def _print_report(console: Any, report: Any) -> None:
     console.print(table)
     first = report.drafters[0]
     for other in report.drafters[1:]:
+        if other in report.context_copy:
+            continue  # compared with its own drafter below
         parts = [
             f"{d} {report.gain(first, other, d):+.1f}% ± {report.gain_stderr(first, other, d):.1f}"
             for d in report.domains
@@ -310,6 +333,24 @@ def _print_report(console: Any, report: Any) -> None:
             f"gain {first} vs {other} (± standard error, paired by prompt): "
             + ", ".join(parts)
             + f", macro {report.gain(first, other):+.1f}% ± {report.gain_stderr(first, other):.1f}"
+        )
+    for name in report.context_copy:
+        base = name.removesuffix(COPY_SUFFIX)
+        if base == name or base not in report.drafters:
+            continue
+        parts = [
+            f"{d} {report.gain(name, base, d):+.1f}% ± {report.gain_stderr(name, base, d):.1f}"
+            for d in report.domains
+        ]
+        cells = [report.cells[name][d] for d in report.domains]
+        reached = sum(c.copies_reached for c in cells)
+        taken = sum(c.copies_accepted for c in cells)
+        rate = _fmt(taken / reached if reached else float("nan"), 3)
+        console.print(
+            f"context copies ({report.context_copy[name]}-gram) {name} vs {base}: "
+            + ", ".join(parts)
+            + f", macro {report.gain(name, base):+.1f}% ± {report.gain_stderr(name, base):.1f}; "
+            f"{reached} copied drafts verified, {rate} of them accepted"
         )
     pos = Table(title="position-wise conditional acceptance (all sets pooled)")
     pos.add_column("drafter")
@@ -354,6 +395,11 @@ def _run(args: argparse.Namespace) -> int:
         with console.status("loading target and drafters"):
             target = _load_target(args.target, args.threads)
             proposers = {c.name: load_proposer(c, target) for c in ckpts}
+            copy_runs = {}
+            if args.context_copy:
+                for c in ckpts:
+                    copy_runs[f"{c.name}{COPY_SUFFIX}"] = args.context_copy
+                    proposers[f"{c.name}{COPY_SUFFIX}"] = proposers[c.name]
             prompts = load_eval_prompts(target, sets, args.num_prompts, skip=args.skip_prompts)
             own = [
                 load_prompt_file(
@@ -388,7 +434,7 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     per_cell = sum(min(len(p), args.num_prompts) for p in prompts.values())
-    total = len(ckpts) * per_cell * args.max_new_tokens
+    total = len(proposers) * per_cell * args.max_new_tokens
     state = {"done_cells_tokens": 0, "started": 0}
     with Progress(
         TextColumn("{task.description}"),
@@ -418,6 +464,7 @@ def _run(args: argparse.Namespace) -> int:
             args.seed,
             progress=progress,
             sampling=SamplingParams(temperature=args.temperature),
+            context_copy=copy_runs,
         )
         prog.update(task, completed=total)
 
@@ -434,6 +481,7 @@ def _run(args: argparse.Namespace) -> int:
             "threads": args.threads,
             "seed": args.seed,
             "temperature": args.temperature,
+            "context_copy": args.context_copy,
             "out": str(args.out),
             "plot": str(args.plot) if args.plot else None,
             "traces_dir": str(args.traces_dir) if args.traces_dir else None,

@@ -11,7 +11,10 @@ One round for the active batch (requests ``i = 1..N``, block size ``B``):
     block      = drafter.forward_block(context, anchors)             one parallel pass
     proposal   = sample_block(block)      drafts y_i [B], p_d [B, V], confidence logits z_i
                (z_i is recorded per round, raw, in GenerationResult.confidence_logits)
+    copies     = copy_drafts(tokens_i, y_i)   with context_copy_ngram n > 0 only: drafts
+               taken from the request's own text (model/context_copy.py), p_d one-hot there
     c_i        = sigmoid(z_i / T)                                     STS (T = 1 without)
+               (copied slots: copy_confidence instead)
     l_i        = policy.decide(c)                                     0..B drafts to verify
     target     = forward([anchor_i, y_i[:l_i]]) on request i's KV cache, capturing layers
     a_i, emit  = chain_verify(p_d, p_t, l) (greedy_verify at temperature 0)
@@ -36,9 +39,11 @@ import torch
 from transformers import DynamicCache
 
 from dspark_sglang.model.block_sampler import DraftProposal, sample_block
+from dspark_sglang.model.context_copy import ContextCopies, check_ngram, copy_drafts, one_hot_rows
 from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.model.heads import calibrated_confidence
 from dspark_sglang.sampling import SamplingParams, logits_to_probs, sample
+from dspark_sglang.scheduling.config import DEFAULT_COPY_CONFIDENCE
 from dspark_sglang.scheduling.policies import SchedulingPolicy
 from dspark_sglang.targets.hf_target import HFTarget
 from dspark_sglang.verify.chain import VerifyResult, chain_verify, greedy_verify
@@ -140,6 +145,8 @@ class GenerationResult:
     confidence logits (before STS) of every round of request ``i``, in round order,
     so rollouts for calibration and traces for the planner can be written from a
     run; ``None`` when the drafter has no confidence head (and for plain decoding).
+    ``copies_reached`` / ``copies_accepted`` count the context-copied drafts among
+    ``position_reached`` / ``position_accepted`` (0 without context copies).
     """
 
     outputs: list[list[int]]
@@ -150,6 +157,8 @@ class GenerationResult:
     target_forwards: int
     draft_forwards: int
     confidence_logits: list[torch.Tensor] | None = None
+    copies_reached: int = 0
+    copies_accepted: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -306,6 +315,10 @@ class ReferenceGenerator:
     ``drafter`` is a ``DSparkDrafter`` (wrapped in ``DSparkProposer``) or any
     ``Proposer``; ``policy`` decides verify lengths from calibrated confidences;
     ``sts_temperatures`` are the per-position STS temperatures (``[B]``; 1 if None).
+    ``context_copy_ngram`` > 0 replaces drafts by context copies matching that many
+    trailing tokens (``model/context_copy.py``; 0: the drafter's drafts only), and
+    ``copy_confidence`` is the confidence the policy sees for a copied slot (the
+    drafter's confidence head scored its own token there, not the copy).
     """
 
     def __init__(
@@ -317,8 +330,16 @@ class ReferenceGenerator:
         sts_temperatures: Sequence[float] | torch.Tensor | None = None,
         sampling: SamplingParams | None = None,
         seed: int = 0,
+        context_copy_ngram: int = 0,
+        copy_confidence: float = DEFAULT_COPY_CONFIDENCE,
     ) -> None:
         self.target = target
+        self.context_copy_ngram = check_ngram(context_copy_ngram, "context_copy_ngram")
+        if not 0.0 <= float(copy_confidence) <= 1.0:
+            raise ValueError(
+                f"copy_confidence must be a probability in [0, 1], got {copy_confidence!r}"
+            )
+        self.copy_confidence = float(copy_confidence)
         self.proposer: Proposer = (
             DSparkProposer(drafter) if isinstance(drafter, DSparkDrafter) else drafter
         )
@@ -392,11 +413,35 @@ class ReferenceGenerator:
             req.hidden = req.hidden[drop:].clone()
             req.hidden_start += drop
 
-    def confidence(self, proposal: DraftProposal) -> torch.Tensor:
-        """Calibrated per-position confidence ``[N, B]``; 1 when the drafter has no head."""
+    def confidence(
+        self, proposal: DraftProposal, copies: ContextCopies | None = None
+    ) -> torch.Tensor:
+        """Calibrated per-position confidence ``[N, B]``; 1 when the drafter has no head;
+        ``copy_confidence`` at copied slots."""
         if proposal.confidence_logits is None:
-            return torch.ones(proposal.tokens.shape, dtype=torch.float32)
-        return calibrated_confidence(proposal.confidence_logits, self.sts_temperatures)
+            conf = torch.ones(proposal.tokens.shape, dtype=torch.float32)
+        else:
+            conf = calibrated_confidence(proposal.confidence_logits, self.sts_temperatures)
+        if copies is not None:
+            conf = torch.where(copies.copied, torch.full_like(conf, self.copy_confidence), conf)
+        return conf
+
+    def _copy_from_context(
+        self, reqs: Sequence[_Request], proposal: DraftProposal
+    ) -> tuple[DraftProposal, ContextCopies]:
+        """``proposal`` with context copies (their draft distributions one-hot)."""
+        longest = max(len(r.tokens) for r in reqs)
+        history = torch.zeros((len(reqs), longest), dtype=torch.int64)
+        for i, r in enumerate(reqs):
+            history[i, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.int64)
+        lengths = torch.tensor([len(r.tokens) for r in reqs], dtype=torch.int64)
+        copies = copy_drafts(history, lengths, proposal.tokens, self.context_copy_ngram)
+        copied = DraftProposal(
+            tokens=copies.tokens,
+            probs=one_hot_rows(proposal.probs, copies),
+            confidence_logits=proposal.confidence_logits,
+        )
+        return copied, copies
 
     # ------------------------------------------------------------------ generate
 
@@ -423,7 +468,7 @@ class ReferenceGenerator:
         self.policy.reset()
         reached = torch.zeros(b, dtype=torch.int64)
         accepted = torch.zeros(b, dtype=torch.int64)
-        forwards = drafts_run = 0
+        forwards = drafts_run = copies_reached = copies_accepted = 0
         t0 = time.perf_counter()
 
         reqs: list[_Request] = []
@@ -467,7 +512,10 @@ class ReferenceGenerator:
                     "proposer returned confidence_logits in some rounds and None in others; "
                     "a proposer either has a confidence head or not"
                 )
-            verify_lens = self.policy.decide(self.confidence(proposal)).to(torch.int64)
+            copies = None
+            if self.context_copy_ngram:
+                proposal, copies = self._copy_from_context(active, proposal)
+            verify_lens = self.policy.decide(self.confidence(proposal, copies)).to(torch.int64)
             if verify_lens.shape != (n,) or bool((verify_lens < 0).any() | (verify_lens > b).any()):
                 raise ValueError(
                     f"policy {self.policy.name!r} returned verify lengths "
@@ -488,8 +536,13 @@ class ReferenceGenerator:
             result = self._verify(proposal, target_logits, verify_lens, gen)
 
             acc = result.accept_lens
-            reached += ((cols < verify_lens.unsqueeze(1)) & (cols <= acc.unsqueeze(1))).sum(0)
-            accepted += (cols < acc.unsqueeze(1)).sum(0)
+            reach = (cols < verify_lens.unsqueeze(1)) & (cols <= acc.unsqueeze(1))
+            take = cols < acc.unsqueeze(1)
+            reached += reach.sum(0)
+            accepted += take.sum(0)
+            if copies is not None:
+                copies_reached += int((reach & copies.copied).sum())
+                copies_accepted += int((take & copies.copied).sum())
             emitted_total = 0
             for i, r in enumerate(active):
                 a = int(acc[i])
@@ -524,6 +577,8 @@ class ReferenceGenerator:
             target_forwards=forwards,
             draft_forwards=drafts_run,
             confidence_logits=confidence,
+            copies_reached=copies_reached,
+            copies_accepted=copies_accepted,
         )
 
     def _verify(

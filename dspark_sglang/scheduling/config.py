@@ -37,6 +37,10 @@ POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_BLOCK_SIZE = 16
 NEEDS_COST_TABLE: tuple[str, ...] = ("prefix", "lagged")
 """Policies that rank drafts against an SPS cost table (``cost_table_path`` required)."""
+DEFAULT_COPY_CONFIDENCE = 0.65
+"""Confidence of a context-copied draft when ``copy_confidence`` is unset: about the
+share of 2-gram copies SmolLM2 accepts at temperature 0 on the three eval sets;
+``bench acceptance --context-copy`` prints that share for any target."""
 _SLA_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -159,6 +163,20 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         nothing is timed (that would synchronise the device every step) and the
         target-only table is used, so set it from a profile there. Refused for
         policies that use no cost table (nothing would read it).
+    ``context_copy_ngram`` (int >= 0, default 0)
+        Context copies (``model/context_copy.py``): where the last ``n`` tokens of a
+        request (its text, the anchor and the earlier drafts) occurred before in its
+        text, the draft is the token that followed them then instead of the
+        drafter's. Lossless (a copy's draft distribution is one-hot on it); it pays
+        where replies repeat their prompt or themselves (code, arithmetic). 0 turns
+        it off; 2 or 3 are the useful values. Needs SGLang without the overlap
+        scheduler (its default on CPU; ``--disable-overlap-schedule`` on a GPU).
+        Refused with policy ``none`` (no draft is verified).
+    ``copy_confidence`` (float in (0, 1), optional; with ``context_copy_ngram`` and
+    policies ``prefix`` / ``lagged`` only)
+        The confidence the policy sees for a copied draft (the drafter's head scored
+        the token the copy replaced). Unset: :data:`DEFAULT_COPY_CONFIDENCE`; ``bench
+        acceptance --context-copy N`` prints the share of copies your target accepts.
 
     Admission (``--max-running-requests``) and the per-user speed target are
     SGLang server arguments and alert thresholds, not scheduler settings; the
@@ -177,6 +195,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     startup_profile: bool | None = None
     draft_step_seconds: float | None = None
     ragged_mode: RaggedVerifyMode | None = None
+    context_copy_ngram: int = 0
+    copy_confidence: float | None = None
 
     def __post_init__(self) -> None:
         # Types are re-checked here because direct construction bypasses msgspec's decoder.
@@ -235,6 +255,45 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
             raise ConfigError(f"greedy_only must be true or false, got {self.greedy_only!r}")
         self._check_draft_step_seconds()
         self._check_ragged_mode()
+        self._check_context_copy()
+
+    def _check_context_copy(self) -> None:
+        n = self.context_copy_ngram
+        if not _is_int(n) or n < 0:
+            raise ConfigError(
+                f"context_copy_ngram must be an integer >= 0 (0 turns context copies off; 2 "
+                f"or 3 match that many trailing tokens), got {n!r}"
+            )
+        if n and self.policy == "none":
+            raise ConfigError(
+                "context_copy_ngram with policy 'none': no draft is verified, so no copy "
+                "would be; remove context_copy_ngram or choose another policy"
+            )
+        c = self.copy_confidence
+        if c is None:
+            return
+        if not n:
+            raise ConfigError(
+                "copy_confidence is the confidence of context-copied drafts, and "
+                "context_copy_ngram is 0 (no copies); set context_copy_ngram or remove "
+                "copy_confidence"
+            )
+        if self.policy not in NEEDS_COST_TABLE:
+            raise ConfigError(
+                f"copy_confidence is only read by policies {list(NEEDS_COST_TABLE)}, which "
+                f"rank drafts by confidence (policy is {self.policy!r}); remove copy_confidence"
+            )
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 < float(c) < 1.0:
+            raise ConfigError(
+                f"copy_confidence must be a probability strictly between 0 and 1 (the share "
+                f"of copied drafts the target accepts), got {c!r}"
+            )
+        msgspec.structs.force_setattr(self, "copy_confidence", float(c))
+
+    @property
+    def copy_confidence_value(self) -> float:
+        """``copy_confidence``, or :data:`DEFAULT_COPY_CONFIDENCE` when unset."""
+        return DEFAULT_COPY_CONFIDENCE if self.copy_confidence is None else self.copy_confidence
 
     def _check_ragged_mode(self) -> None:
         mode = self.ragged_mode

@@ -127,6 +127,41 @@ def test_cli_end_to_end(
         assert torch.equal(ro.confidence_logits, tr.confidence_logits)
 
 
+def test_cli_context_copy_runs_each_drafter_twice(
+    tiny_chat_dir: Path,
+    tiny_drafters: dict[str, Path],
+    tiny_eval_cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tiny_eval_cache))
+    out, traces = tmp_path / "acc.json", tmp_path / "tr"
+    argv = ["bench", "acceptance", "--target", str(tiny_chat_dir), "--num-prompts", "2"]
+    argv += ["--drafter", f"dspark={tiny_drafters['dspark']}", "--context-copy", "1"]
+    argv += ["--max-new-tokens", "16", "--temperature", "0", "--out", str(out)]
+    assert main([*argv, "--traces-dir", str(traces)]) == 0
+    printed = capsys.readouterr().out
+    assert "context copies (1-gram) dspark+copy vs dspark" in printed
+
+    data = json.loads(out.read_text())
+    assert data["drafters"] == ["dspark", "dspark+copy"]
+    assert data["settings"]["context_copy_ngram"] == {"dspark": 0, "dspark+copy": 1}
+    assert data["command"]["context_copy"] == 1
+    copied = 0
+    for dom in data["domains"]:
+        base, copy = data["results"]["dspark"][dom], data["results"]["dspark+copy"][dom]
+        assert base["copies_reached"] == 0
+        assert 0 <= copy["copies_accepted"] <= copy["copies_reached"]
+        assert copy["copies_reached"] <= sum(copy["position_reached"])
+        # Greedy: the same prompts emit the same tokens, however they were drafted.
+        assert base["num_tokens"] == copy["num_tokens"]
+        copied += copy["copies_reached"]
+    assert copied > 0
+    # Copy rows' confidences scored replaced drafts: no traces for them.
+    assert sorted(p.name for p in traces.iterdir()) == ["dspark"]
+
+
 #: Two OpenAI rows (3 prompts), a bad row, a ShareGPT row ending with a user turn.
 HELD_OUT_ROWS = [
     '{"messages": [{"role": "user", "content": "Name a colour."}, '
@@ -242,6 +277,7 @@ def test_cli_errors_name_the_flag(
         (["--drafter", ar, "--skip-prompts", "-1"], "--skip-prompts must be >= 0"),
         (["--drafter", ar, "--eval-sets", "gsm8k,nope"], "--eval-sets"),
         (["--drafter", ar, "--temperature", "-0.5"], "--temperature must be a finite number"),
+        (["--drafter", ar, "--context-copy", "-1"], "--context-copy must be >= 0"),
         (["--drafter", ar, "--temperature", "nan"], "--temperature must be a finite number"),
         (["--drafter", f"x={tiny_drafters['dspark'].parent}"], "unknown drafter kind"),
         (["--drafter", f"x={tiny_drafters['ar']}", "--target", str(tmp_path / "t")], "--target"),

@@ -76,6 +76,32 @@ def test_greedy_untrained_drafter_matches_plain(
     assert res.target_forwards == len(PROMPTS) + res.num_rounds
 
 
+@pytest.mark.parametrize("ngram", [1, 2])
+@pytest.mark.parametrize("policy_name", ["verify_all", "prefix"])
+def test_greedy_context_copies_match_plain(
+    target: HFTarget, plain_ref: list[list[int]], policy_name: str, ngram: int
+) -> None:
+    """Drafts copied from the context change what is proposed, never what is emitted."""
+    policy = _prefix_policy() if policy_name == "prefix" else build_policy(policy_name)
+    gen = ReferenceGenerator(
+        target, tiny_drafter(target), policy, sampling=GREEDY, context_copy_ngram=ngram
+    )
+    res = gen.generate(PROMPTS, 20)
+    assert res.outputs == [r[:20] for r in plain_ref]
+    # Copies were proposed and verified (the prompts repeat tokens of a 5-token vocab).
+    assert res.copies_reached > 0
+    assert 0 <= res.copies_accepted <= res.copies_reached
+    assert res.copies_reached <= int(res.position_reached.sum())
+
+
+def test_context_copy_settings_are_checked(target: HFTarget) -> None:
+    drafter, policy = tiny_drafter(target), build_policy("verify_all")
+    with pytest.raises(ValueError, match="context_copy_ngram must be an integer >= 0"):
+        ReferenceGenerator(target, drafter, policy, context_copy_ngram=-1)
+    with pytest.raises(ValueError, match="copy_confidence must be a probability"):
+        ReferenceGenerator(target, drafter, policy, context_copy_ngram=2, copy_confidence=1.5)
+
+
 @pytest.mark.parametrize("k", [0, 1, 2, 4])
 @pytest.mark.parametrize("policy_name", ["verify_all", "cycling"])
 def test_oracle_acceptance_equals_what_the_oracle_implies(
@@ -260,23 +286,36 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float 
     return float(chi2.sf(stat, dof))
 
 
-@pytest.mark.parametrize("policy_name", ["verify_all", "cycling"])
-def test_sampled_output_follows_the_target_distribution(policy_name: str) -> None:
+@pytest.mark.parametrize(
+    ("policy_name", "ngram"), [("verify_all", 0), ("cycling", 0), ("verify_all", 1)]
+)
+def test_sampled_output_follows_the_target_distribution(policy_name: str, ngram: int) -> None:
     """Chi-square test of the first 3 sampled tokens against the exact target joint.
 
     600 samples (fixed seeds), vocabulary 4 -> 64 cells, pooled below 5 expected.
     Null: speculative sampling is lossless. We require p > 1e-3 (a correct
     implementation fails this 0.1 % of the time for a random seed; the seeds are
     fixed). Power check: the drafter's own distribution is far from the target's
-    (total variation > 0.2), so verification really has to correct it.
+    (total variation > 0.2), so verification really has to correct it. With
+    ``ngram`` 1 most drafts are context copies (every token of the prompt is
+    followed by another), verified against one-hot draft distributions.
     """
     v, n_tok, n_samples = 4, 3, 600
     target = tiny_target(seed=3, vocab=v, layers=2)
     drafter = tiny_drafter(target, block_size=3, seed=4)
     prompt = [1, 2, 3, 0]
     policy = CyclingPolicy() if policy_name == "cycling" else build_policy("verify_all")
-    gen = ReferenceGenerator(target, drafter, policy, sampling=SamplingParams(1.0), seed=11)
+    gen = ReferenceGenerator(
+        target,
+        drafter,
+        policy,
+        sampling=SamplingParams(1.0),
+        seed=11,
+        context_copy_ngram=ngram,
+    )
     res = gen.generate([prompt] * n_samples, n_tok)
+    if ngram:  # copies were verified, some accepted and some rejected
+        assert 0 < res.copies_accepted < res.copies_reached
     assert all(len(o) == n_tok for o in res.outputs)
     counts = torch.zeros([v] * n_tok, dtype=torch.float64)
     for out in res.outputs:

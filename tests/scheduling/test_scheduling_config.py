@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dspark_sglang.scheduling.config import POLICIES, ConfigError, SchedulerConfig
+from dspark_sglang.scheduling.config import (
+    DEFAULT_COPY_CONFIDENCE,
+    POLICIES,
+    ConfigError,
+    SchedulerConfig,
+)
 
 FULL = {
     "block_size": 7,
@@ -227,3 +233,36 @@ def test_startup_profile_flag_is_checked_on_direct_construction() -> None:
         SchedulerConfig(block_size=4, policy="mtp1", startup_profile=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="choose policy static/mtp1/verify_all/none"):
         SchedulerConfig(block_size=4, policy="prefix", startup_profile=False)
+
+
+def test_context_copy_settings() -> None:
+    c = SchedulerConfig(block_size=4, policy="verify_all", context_copy_ngram=2)
+    assert c.context_copy_ngram == 2 and c.copy_confidence is None
+    assert c.copy_confidence_value == DEFAULT_COPY_CONFIDENCE
+    p = SchedulerConfig.from_dict(
+        {"block_size": 4, "policy": "prefix", "context_copy_ngram": 3, "copy_confidence": 0.6}
+    )
+    assert p.copy_confidence_value == 0.6
+    assert SchedulerConfig.from_dict(yaml.safe_load(p.to_yaml())) == p
+    assert SchedulerConfig(block_size=4, policy="mtp1").context_copy_ngram == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"context_copy_ngram": -1}, "context_copy_ngram must be an integer >= 0"),
+        ({"context_copy_ngram": True}, "context_copy_ngram must be an integer >= 0"),
+        ({"context_copy_ngram": 2, "policy": "none"}, "no draft is verified"),
+        ({"copy_confidence": 0.5}, "context_copy_ngram is 0 (no copies)"),
+        (
+            {"context_copy_ngram": 2, "policy": "static", "static_k": 2, "copy_confidence": 0.5},
+            "copy_confidence is only read by policies ['prefix', 'lagged']",
+        ),
+        ({"context_copy_ngram": 2, "copy_confidence": 1.0}, "strictly between 0 and 1"),
+        ({"context_copy_ngram": 2, "copy_confidence": True}, "strictly between 0 and 1"),
+    ],
+)
+def test_bad_context_copy_settings_name_the_field(kw: dict[str, object], msg: str) -> None:
+    base: dict[str, object] = {"block_size": 4, "policy": "prefix"}
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        SchedulerConfig(**{**base, **kw})  # type: ignore[arg-type]
