@@ -73,7 +73,7 @@ def non_finite_rows(proposal: Any, bs: int) -> torch.Tensor:
     return bad
 
 
-def _one_hot_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def one_hot_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logits whose softmax (any temperature > 0) is one-hot on ``tokens`` ``[N, G]``."""
     low = torch.full_like(logits, torch.finfo(logits.dtype).min)
     return low.scatter_(-1, tokens.unsqueeze(-1).to(torch.int64), 0.0)
@@ -97,7 +97,7 @@ def fold_rows(
     new_tokens = torch.where(row, anchor_col, tokens)
     logits = block.corrected_logits
     if logits is not None:
-        placeholder = _one_hot_logits(logits, anchor_col.expand(-1, logits.shape[1]))
+        placeholder = one_hot_logits(logits, anchor_col.expand(-1, logits.shape[1]))
         logits = torch.where(bad.view(-1, 1, 1), placeholder, logits)
     new_block = msgspec.structs.replace(block, draft_tokens=new_tokens, corrected_logits=logits)
     changes: dict[str, Any] = {"draft_block": new_block}
@@ -207,6 +207,8 @@ class GuardedPropose:
         self.step_metrics = step_metrics
         self.calls = 0
         self.fallbacks = 0
+        #: Rewrites each healthy step's proposal after :meth:`fold` (context copies), or None.
+        self.context_copy: Callable[..., Any] | None = None
         self.inject_every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
         self.inject_mode = os.environ.get(FAULT_MODE_ENV, "raise")
         if self.inject_mode not in ("raise", "nan"):
@@ -232,7 +234,19 @@ class GuardedPropose:
         except Exception as exc:  # any drafter failure must not lose the step
             return self._fallback("draft_error", f"{type(exc).__name__}: {exc}", **kw)
         with sync_probe.sync_free("GuardedPropose.fold"):
-            return self.fold(proposal, **kw)
+            proposal = self.fold(proposal, **kw)
+        if self.context_copy is not None:
+            try:
+                proposal = self.context_copy(proposal, **kw)
+            except Exception as exc:  # copies are an aid: keep the drafter's drafts
+                self.context_copy = None
+                logger.warning(
+                    "DSPARK_MOE: context copies failed (%s: %s); serving the drafter's drafts "
+                    "without them from now on",
+                    type(exc).__name__,
+                    exc,
+                )
+        return proposal
 
     def fold(self, proposal: Any, **kw: Any) -> Any:
         """Non-finite rows -> placeholder rows, their verify length capped at 1 (device)."""

@@ -1,0 +1,109 @@
+"""Context copies in the DSPARK_MOE worker: the drafter's block, then copies, then verify.
+
+The rule is ``model/context_copy.py``'s: a draft slot whose trailing ``n`` tokens
+(request text + anchor + earlier drafts) occurred before gets the token that followed
+them then. Here it rewrites SGLang's ``DraftProposal`` after the drafter (and the fault
+guard) ran and before the planner reads the confidences:
+
+* drafts and the ``[anchor | drafts]`` verify ids: the copies;
+* draft logits (sampled blocks): one-hot on each copy (``fallback.one_hot_logits``),
+  so rejection sampling sees the distribution the copy was drawn from and the output
+  stays the target's; greedy verify compares tokens only;
+* confidences: ``copy_confidence`` at copied slots (its logit in the raw ones), since
+  the drafter's head scored the token the copy replaced;
+* ``folded`` off: a folded proposal's in-graph accept reads the draft graph's own token
+  buffers, which still hold the drafter's tokens, so the eager accept must run.
+
+The request text is the scheduler's (``origin_input_ids + output_ids`` of each running
+request). That is current when the draft runs only without the overlap scheduler (the
+host lags a step behind the device with it), which SGLang turns off for speculative
+decoding on CPU; :func:`check_overlap` refuses the combination at start-up elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import torch
+
+from dspark_sglang.model.context_copy import copy_drafts
+from dspark_sglang.sglang_integration.fallback import one_hot_logits
+
+__all__ = ["ProposalCopier", "check_overlap"]
+
+
+def check_overlap(ngram: int, disable_overlap_schedule: bool, where: str) -> None:
+    """Refuse context copies with SGLang's overlap scheduler (module docstring)."""
+    if ngram and not disable_overlap_schedule:
+        raise ValueError(
+            f"{where}: context_copy_ngram={ngram} reads each request's text from the "
+            "scheduler, which runs a step ahead of it with the overlap scheduler; start "
+            "SGLang with --disable-overlap-schedule (SGLang does on CPU) or set "
+            "context_copy_ngram: 0"
+        )
+
+
+def _histories(reqs: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-aligned ``[N, L]`` token ids (prompt + output, ending with the anchor), lengths."""
+    texts = [[*r.origin_input_ids, *r.output_ids] for r in reqs]
+    longest = max((len(t) for t in texts), default=0)
+    rows = [t + [0] * (longest - len(t)) for t in texts]
+    history = torch.tensor(rows, dtype=torch.int64).reshape(len(texts), longest)
+    lengths = torch.tensor([len(t) for t in texts], dtype=torch.int64)
+    return history.to(device), lengths.to(device)
+
+
+class ProposalCopier:
+    """Rewrites a step's ``DraftProposal`` with context copies (module docstring).
+
+    ``copied_drafts`` / ``steps`` count (host, cheap) what it did, for logs and tests.
+    """
+
+    def __init__(self, ngram: int, copy_confidence: float) -> None:
+        if ngram < 1:
+            raise ValueError(f"ProposalCopier needs ngram >= 1, got {ngram}")
+        self.ngram = ngram
+        self.copy_confidence = float(copy_confidence)
+        c = min(max(self.copy_confidence, 1e-6), 1.0 - 1e-6)
+        self.copy_logit = math.log(c / (1.0 - c))
+        self.steps = 0
+
+    def __call__(self, proposal: Any, *, batch: Any, bs: int, **_: Any) -> Any:
+        block = proposal.draft_block
+        tokens = block.draft_tokens
+        bs = min(int(bs), int(tokens.shape[0]), len(batch.reqs))
+        if bs == 0:
+            return proposal
+        self.steps += 1
+        history, lengths = _histories(list(batch.reqs[:bs]), tokens.device)
+        copies = copy_drafts(history, lengths, tokens[:bs], self.ngram)
+        # Rows past ``bs`` (padding for a captured graph) keep the drafter's tokens.
+        copied = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+        copied[:bs] = copies.copied
+        new_tokens = tokens.clone()
+        new_tokens[:bs] = copies.tokens.to(tokens.dtype)
+        logits = block.corrected_logits
+        if logits is not None:
+            hot = one_hot_logits(logits, new_tokens[: logits.shape[0]])
+            logits = torch.where(copied[: logits.shape[0]].unsqueeze(-1), hot, logits)
+        changes: dict[str, Any] = {
+            "draft_block": msgspec.structs.replace(
+                block, draft_tokens=new_tokens, corrected_logits=logits
+            ),
+            "folded": False,
+        }
+        verify_ids = getattr(proposal, "verify_ids", None)
+        if verify_ids is not None:
+            changes["verify_ids"] = torch.cat(
+                [verify_ids[:, :1], new_tokens[: verify_ids.shape[0]].to(verify_ids.dtype)], 1
+            )
+        for name, value in (("confidence", self.copy_confidence), ("confidence_raw", None)):
+            t = getattr(proposal, name, None)
+            if t is None:
+                continue
+            fill = self.copy_logit if value is None else value
+            mask = copied[: t.shape[0], : t.shape[1]]
+            changes[name] = torch.where(mask, torch.full_like(t, fill), t)
+        return msgspec.structs.replace(proposal, **changes)

@@ -1,0 +1,179 @@
+"""Context copies in the DSPARK_MOE worker: the proposal rewrite, then one CPU engine.
+
+Without an engine: ``ProposalCopier`` on SGLang's own ``DraftProposal`` structs, with
+requests carrying the scheduler's ``origin_input_ids`` / ``output_ids``.
+
+With an engine: DSPARK_MOE with SGLang's dense draft (random weights, so its own
+drafts are essentially never accepted) and ``context_copy_ngram: 2`` under
+``verify_all``. Greedy output must be the target's token for token, and the accepted
+length must exceed 1 token per round: only copies can be accepted, so that is the
+copies working. Sampled requests (temperature 1) run the rejection-sampling path
+against the copies' one-hot draft logits and must complete.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.sglang_integration import fallback
+from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
+from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
+from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
+from dspark_sglang.sglang_integration.launch import scheduler_env
+
+dspark_draft = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_draft")
+
+NEW_TOKENS = 64  # as the hf_reference fixture (conftest.py)
+
+
+def _req(prompt: list[int], output: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(origin_input_ids=prompt, output_ids=array("q", output))
+
+
+def _proposal(drafts: list[list[int]], *, vocab: int = 12, rows: int | None = None) -> Any:
+    """SGLang's proposal for ``drafts`` (padded to ``rows``), with draft logits, verify ids
+    and confidences, as a folded (graph) proposal carries them."""
+    d = torch.tensor(drafts, dtype=torch.int64)
+    rows = rows or d.shape[0]
+    d = torch.cat([d, torch.full((rows - d.shape[0], d.shape[1]), 11)])
+    n, g = d.shape
+    anchor = torch.arange(n, dtype=torch.int64).view(n, 1)
+    block = dspark_draft.DraftBlockResult(
+        draft_tokens=d,
+        corrected_logits=torch.randn(n, g, vocab, generator=torch.Generator().manual_seed(0)),
+        greedy_mask=torch.zeros(n, dtype=torch.bool),
+        temperatures=torch.ones(n, 1),
+        greedy_draft=False,
+    )
+    return dspark_draft.DraftProposal(
+        draft_block_ids=torch.cat([anchor, d], 1),
+        draft_block=block,
+        confidence=torch.full((n, g), 0.9),
+        confidence_raw=torch.full((n, g), 2.0),
+        folded=True,
+        verify_ids=torch.cat([anchor, d], 1),
+    )
+
+
+def test_copier_rewrites_tokens_logits_verify_ids_and_confidences() -> None:
+    # Request 0: "1 2 3 4 | 1 2" -> copies continue the repeat: 3 4 1.
+    # Request 1: no repeated 2-gram -> the drafter's drafts stay.
+    reqs = [_req([1, 2, 3, 4], [1, 2]), _req([5, 6], [7])]
+    p = _proposal([[9, 9, 9], [8, 8, 8]], rows=3)  # one padding row (a graph's)
+    out = ProposalCopier(2, 0.7)(p, batch=SimpleNamespace(reqs=reqs), bs=2)
+    assert out.draft_block.draft_tokens.tolist() == [[3, 4, 1], [8, 8, 8], [11, 11, 11]]
+    assert out.verify_ids.tolist() == [[0, 3, 4, 1], [1, 8, 8, 8], [2, 11, 11, 11]]
+    assert out.folded is False  # the graph's own accept would read the old tokens
+    probs = torch.softmax(out.draft_block.corrected_logits.float(), -1)
+    assert probs[0].argmax(-1).tolist() == [3, 4, 1]
+    assert torch.allclose(probs[0].max(-1).values, torch.ones(3))  # one-hot on the copies
+    assert torch.equal(out.draft_block.corrected_logits[1:], p.draft_block.corrected_logits[1:])
+    assert out.confidence[0].tolist() == pytest.approx([0.7] * 3)
+    assert torch.equal(out.confidence[1:], p.confidence[1:])
+    assert out.confidence_raw[0].tolist() == pytest.approx([math.log(0.7 / 0.3)] * 3)
+    assert out.confidence_raw[1:].tolist() == [[2.0] * 3] * 2
+    # The input proposal is untouched (SGLang may still hold its buffers).
+    assert p.draft_block.draft_tokens[0].tolist() == [9, 9, 9] and p.folded
+
+
+def test_copier_keeps_greedy_blocks_greedy_and_works_through_the_fault_guard() -> None:
+    reqs = [_req([4, 5, 4], [])]
+    p = fallback.plain_decoding_proposal(
+        anchor=torch.tensor([4]), gamma=2, block_width=3, sampling_info=None, with_confidence=True
+    )
+    calls: list[int] = []
+
+    def propose(**_: Any) -> Any:
+        calls.append(1)
+        return msgspec.structs.replace(
+            p,
+            draft_block=msgspec.structs.replace(p.draft_block, draft_tokens=torch.tensor([[0, 0]])),
+        )
+
+    planner = SimpleNamespace()
+    guard = fallback.GuardedPropose(propose, SimpleNamespace(), planner, 2)
+    guard.context_copy = ProposalCopier(1, 0.5)
+    kw = {
+        "batch": SimpleNamespace(reqs=reqs),
+        "bs": 1,
+        "draft_input": SimpleNamespace(bonus_tokens=torch.tensor([4])),
+    }
+    out = guard(**kw)
+    # "4 5 4": 4 -> 5 (copied), then 5 -> 4 (copied)
+    assert out.draft_block.draft_tokens.tolist() == [[5, 4]]
+    assert out.draft_block.greedy_draft and out.draft_block.corrected_logits is None
+    # A copier that raises leaves the drafter's drafts and turns itself off.
+    guard.context_copy = lambda *a, **k: 1 / 0
+    out = guard(**kw)
+    assert out.draft_block.draft_tokens.tolist() == [[0, 0]] and guard.context_copy is None
+    assert len(calls) == 2 and guard.fallbacks == 0
+
+
+def test_copies_need_the_scheduler_in_step() -> None:
+    check_overlap(2, True, "cfg")
+    check_overlap(0, False, "cfg")
+    with pytest.raises(ValueError, match="--disable-overlap-schedule"):
+        check_overlap(2, False, "cfg")
+
+
+# --------------------------------------------------------------------------- engine
+
+
+@pytest.fixture(scope="module")
+def copy_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("context_copy")
+    draft = write_dense_dspark_draft(smollm2_path, tmp / "draft")
+    cfg = tmp / "scheduler.yaml"
+    SchedulerConfig(block_size=4, policy="verify_all", sla_name="copy", context_copy_ngram=2).save(
+        cfg
+    )
+    spec = CpuEngineSpec(
+        model_path=str(smollm2_path),
+        overrides={
+            "speculative_algorithm": "DSPARK_MOE",
+            "speculative_draft_model_path": str(draft),
+            "speculative_draft_load_format": "dummy",
+        },
+        env=scheduler_env(cfg),
+    )
+    with cpu_engine(spec) as engine:
+        yield engine
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_greedy_output_is_the_targets_and_copies_are_accepted(
+    copy_engine: Any, prompt_ids: list[list[int]], hf_reference: list[list[int]]
+) -> None:
+    outs = generate_outputs(copy_engine, prompt_ids, NEW_TOKENS)
+    rounds = tokens = 0
+    for i, (o, ref) in enumerate(zip(outs, hf_reference, strict=True)):
+        assert list(o["output_ids"]) == ref, f"prompt {i} differs from the target's greedy output"
+        meta = o["meta_info"]
+        rounds += meta["spec_verify_ct"]
+        tokens += meta["spec_accept_length"] * meta["spec_verify_ct"]
+    # A random drafter alone accepts ~nothing (1.0 token per round); copies add the rest.
+    assert tokens / rounds > 1.1, tokens / rounds
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sampled_requests_complete_against_one_hot_copies(
+    copy_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    outs = generate_outputs(
+        copy_engine, prompt_ids, NEW_TOKENS, sampling={"temperature": 1.0, "ignore_eos": True}
+    )
+    for o in outs:
+        assert len(o["output_ids"]) == NEW_TOKENS
+        assert o["meta_info"]["spec_verify_ct"] > 0
