@@ -424,6 +424,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    from dspark_sglang.cli.base import context_copy_ngram
+    from dspark_sglang.model.context_copy import DEFAULT_NGRAM
     from dspark_sglang.scheduling.config import POLICIES
     from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
@@ -465,6 +467,14 @@ def parser() -> argparse.ArgumentParser:
         help="SPS cost table for prefix/lagged (default: measured when the worker starts)",
     )
     ap.add_argument("--sts", type=Path, default=None, help="STS file (default: the drafter's)")
+    ap.add_argument(
+        "--context-copy",
+        type=context_copy_ngram,
+        default=DEFAULT_NGRAM,
+        metavar="N",
+        help="context copies in every DSPARK_MOE policy's scheduler config (N trailing "
+        "tokens; 0 = off; 'sglang' has no config, so no copies)",
+    )
     ap.add_argument(
         "--mem-fraction-static",
         type=float,
@@ -592,6 +602,7 @@ def engine_specs(
                 sts=args.sts,
                 cost_table=args.cost_table,
                 static_k=args.static_k,
+                context_copy=args.context_copy,
             )
             workdir = Path(tmp) / str(eng.policy)
             workdir.mkdir()
@@ -746,6 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "concurrency": args.concurrency,
                 "temperatures": args.temperatures,
                 "policies": args.policies,
+                "context_copy_ngram": args.context_copy,
                 "ngram": args.ngram,
                 "prompts_per_cell": args.prompts_per_cell,
                 # Per set, per cell in the grid's order of that set's cells.

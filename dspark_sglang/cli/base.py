@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_sglang.model.context_copy import DEFAULT_NGRAM
 from dspark_sglang.scheduling.config import POLICIES
 
 __all__ = [
@@ -134,6 +135,16 @@ def add_decoding_arguments(
         "SGLang's engine measures one at start-up when it is not given)",
     )
     p.add_argument("--sts", type=Path, default=None, help="STS calibration JSON")
+    p.add_argument(
+        "--context-copy",
+        type=context_copy_ngram,
+        default=DEFAULT_NGRAM,
+        metavar="N",
+        help="context copies: where the last N tokens of a request occurred before in its "
+        "text, draft the token that followed them then instead of the drafter's (lossless; "
+        "pays where replies repeat their prompt or themselves); 0 = off. With --engine "
+        "sglang it is part of every DSPARK_MOE policy's scheduler config",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -148,9 +159,32 @@ def add_decoding_arguments(
     )
 
 
+def context_copy_ngram(value: str) -> int:
+    """``--context-copy``: an integer >= 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 0 (0 = off, N = trailing tokens to match), got {value!r}"
+        )
+    return n
+
+
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``add_decoding_arguments`` flags as ``reference.demo.build_generator`` keywords."""
-    keys = ("drafter", "policy", "static_k", "cost_table", "sts", "temperature", "top_k", "top_p")
+    keys = (
+        "drafter",
+        "policy",
+        "static_k",
+        "cost_table",
+        "sts",
+        "context_copy",
+        "temperature",
+        "top_k",
+        "top_p",
+    )
     return {k: getattr(args, k) for k in (*keys, "seed", "threads")}
 
 

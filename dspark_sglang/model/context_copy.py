@@ -29,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ContextCopies", "check_ngram", "copy_drafts", "one_hot_rows"]
+__all__ = ["DEFAULT_NGRAM", "ContextCopies", "check_ngram", "copy_drafts", "one_hot_rows"]
+
+#: The n-gram the demo, ``generate`` and the CPU benchmark use unless told otherwise.
+DEFAULT_NGRAM = 2
 
 
 def check_ngram(ngram: object, where: str) -> int:

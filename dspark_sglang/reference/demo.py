@@ -134,6 +134,7 @@ def build_generator(
     seed: int,
     threads: int | None,
     console: Any,
+    context_copy: int = 0,
 ) -> tuple[Any, Any]:
     """``(target, ReferenceGenerator)`` for SmolLM2.
 
@@ -155,6 +156,7 @@ def build_generator(
         sts_temperatures=sts_temperatures(sts, drafter),
         sampling=sampling,
         seed=seed,
+        context_copy_ngram=context_copy,
     )
     return target, gen
 

@@ -379,7 +379,11 @@ def write_scheduler_config(
     from dspark_sglang.scheduling.config import SchedulerConfig
 
     sts = args.sts
-    if sts is None:
+    if policy == "verify_all":
+        # SGLang's static mode, which verify_all runs, loads the draft without its
+        # confidence head: nothing to calibrate (and nothing reads confidences).
+        sts = None
+    elif sts is None:
         sts = drafter_sts(drafter_dir, greedy_only=greedy_only)
         if sts is not None:
             console.print(f"STS calibration: {sts}")
@@ -413,6 +417,7 @@ def write_scheduler_config(
         # CPU engines capture no graphs: verifying only the drafts the policy chose
         # is cheaper than verifying the block and capping acceptance.
         ragged_mode=None if policy == "verify_all" else "compact",
+        context_copy_ngram=getattr(args, "context_copy", 0) if policy != "none" else 0,
     )
     path = workdir / f"scheduler-{policy}.yaml"
     cfg.save(path)
@@ -660,6 +665,16 @@ def run_sglang_demo(
             f"draft: argmax ({GREEDY_DRAFT_ENV}={plan.dspark_env[GREEDY_DRAFT_ENV]}), "
             "because every demo request is greedy: the drafter skips sampling, "
             "verification stays lossless",
+            soft_wrap=True,
+            highlight=False,
+        )
+        n = getattr(args, "context_copy", 0)
+        console.print(
+            f"context copies: {n}-gram in every policy's scheduler config (where a request's "
+            f"last {n} tokens occurred before, the next draft is the token that followed them; "
+            f"'{SGLANG_DECISION}' has no config, so none; --context-copy 0 turns them off)"
+            if n
+            else "context copies: off (--context-copy 0)",
             soft_wrap=True,
             highlight=False,
         )

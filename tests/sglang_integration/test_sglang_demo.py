@@ -16,6 +16,7 @@ from rich.console import Console
 
 from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.cli import build_parser
+from dspark_sglang.model.context_copy import DEFAULT_NGRAM
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
 from dspark_sglang.sglang_integration.demo import (
@@ -196,6 +197,28 @@ def test_a_greedy_only_tier_takes_the_drafters_greedy_sts(tmp_path: Path) -> Non
     StsCalibration(temperatures=(0.5,) * 4).save(greedy)
     with pytest.raises(DemoError, match="STS"):
         write_scheduler_config(_args(policy="prefix"), drafter, tmp_path, quiet)
+
+
+def test_context_copies_go_into_every_policys_config(tmp_path: Path) -> None:
+    drafter = _drafter_dir(tmp_path, 7, 7)
+    quiet = Console(quiet=True)
+    assert _demo_args().context_copy == DEFAULT_NGRAM  # on unless told otherwise
+    for argv, n in (
+        ((), DEFAULT_NGRAM),
+        (("--context-copy", "3"), 3),
+        (("--context-copy", "0"), 0),
+    ):
+        work = tmp_path / f"w{n}"
+        work.mkdir()
+        args = _demo_args(*argv)
+        for policy in ("prefix", "mtp1", "verify_all"):
+            path = write_scheduler_config(args, drafter, work, quiet, policy=policy)
+            assert path is not None and SchedulerConfig.load(path).context_copy_ngram == n
+    # verify_all runs SGLang's static mode, whose draft has no confidence head: no STS.
+    path = write_scheduler_config(_demo_args(), drafter, tmp_path, quiet, policy="verify_all")
+    assert path is not None and SchedulerConfig.load(path).sts_path is None
+    with pytest.raises(SystemExit):
+        _demo_args("--context-copy", "-1")
 
 
 def test_policy_refuses_sts_for_another_block_size(tmp_path: Path) -> None:
