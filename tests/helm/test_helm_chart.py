@@ -300,6 +300,10 @@ def expected_scheduler_config(tier: dict[str, Any]) -> dict[str, Any]:
         cfg["lag_steps"] = s["lagSteps"]
     if "draftStepSeconds" in s:
         cfg["draft_step_seconds"] = s["draftStepSeconds"]
+    if "contextCopyNgram" in s:
+        cfg["context_copy_ngram"] = s["contextCopyNgram"]
+    if "copyConfidence" in s:
+        cfg["copy_confidence"] = s["copyConfidence"]
     return cfg
 
 
@@ -690,6 +694,23 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "policy: prefix or lagged",
     ),
     (
+        "contextCopyNgram negative",
+        {"slaTiers": [tier_with(scheduler__contextCopyNgram=-1)]},
+        "at '/slaTiers/0/scheduler/contextCopyNgram': minimum: got -1, want 0",
+    ),
+    (
+        "copyConfidence of 1",
+        {"slaTiers": [tier_with(scheduler__contextCopyNgram=2, scheduler__copyConfidence=1)]},
+        "at '/slaTiers/0/scheduler/copyConfidence': exclusiveMaximum",
+    ),
+    (
+        "copyConfidence without copies",
+        {"slaTiers": [tier_with(scheduler__copyConfidence=0.6)]},
+        "scheduler.copyConfidence is the confidence of context-copied drafts, and "
+        "contextCopyNgram is unset or 0 (no copies); set contextCopyNgram or remove "
+        "copyConfidence",
+    ),
+    (
         "inline cost table not sorted",
         {
             "slaTiers": [
@@ -864,6 +885,56 @@ def test_draft_step_seconds_is_accepted_exactly_where_the_plugin_reads_it(
         cfg = SchedulerConfig.load(rendered)
         assert cfg.draft_step_seconds == seconds, cm["data"]["scheduler.yaml"]
         assert cfg.policy == policy
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_context_copy_knobs_are_accepted_exactly_where_the_plugin_reads_them(
+    policy: str, tmp_path: Path
+) -> None:
+    """``scheduler.contextCopyNgram`` / ``copyConfidence`` render as the scheduler config's
+    ``context_copy_ngram`` / ``copy_confidence`` wherever SchedulerConfig takes them, and the
+    render is refused, naming the field and the fix, wherever it refuses them."""
+    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy}
+    if policy != "lagged":
+        sched.pop("lagSteps")
+    if policy == "static":
+        sched["staticK"] = 3
+    for knobs in ({"contextCopyNgram": 2}, {"contextCopyNgram": 3, "copyConfidence": 0.7}):
+        try:
+            SchedulerConfig(
+                block_size=7,
+                policy=policy,
+                static_k=sched.get("staticK"),
+                context_copy_ngram=knobs["contextCopyNgram"],
+                copy_confidence=knobs.get("copyConfidence"),
+            )
+            plugin_reads = True
+        except ConfigError:
+            plugin_reads = False
+        f = tmp_path / "v.yaml"
+        f.write_text(yaml.safe_dump({"slaTiers": [tier_with(scheduler={**sched, **knobs})]}))
+        proc = run_helm("template", RELEASE, str(CHART), "-f", str(f))
+        if not plugin_reads:
+            assert proc.returncode != 0, f"policy {policy} accepted {knobs}"
+            assert "slaTiers[0] (interactive): scheduler." in proc.stderr, proc.stderr
+            assert "remove c" in proc.stderr, proc.stderr  # contextCopyNgram / copyConfidence
+            continue
+        assert proc.returncode == 0, proc.stderr
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        (cm,) = [
+            d
+            for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+        ]
+        rendered = tmp_path / "scheduler.yaml"
+        rendered.write_text(cm["data"]["scheduler.yaml"])
+        cfg = SchedulerConfig.load(rendered)
+        assert cfg.context_copy_ngram == knobs["contextCopyNgram"]
+        assert cfg.copy_confidence == knobs.get("copyConfidence")
+    # Without the knob nothing is rendered: copies stay off (the plugin's default).
+    for doc in render(CHART / "values.yaml"):
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-scheduler"):
+            assert "context_copy" not in doc["data"]["scheduler.yaml"]
 
 
 def test_draft_step_seconds_is_not_rendered_unless_set() -> None:

@@ -108,6 +108,18 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- if and (hasKey $s "draftStepSeconds") (not (has $s.policy (list "prefix" "lagged"))) -}}
 {{- fail (printf "%s: scheduler.draftStepSeconds is only read by policies prefix and lagged, which rank drafts against a cost table (policy is %s); remove draftStepSeconds or set policy: prefix or lagged" $where $s.policy) -}}
 {{- end -}}
+{{- $copies := int (default 0 $s.contextCopyNgram) -}}
+{{- if and (gt $copies 0) (eq $s.policy "none") -}}
+{{- fail (printf "%s: scheduler.contextCopyNgram=%d with policy none: no draft is verified, so no copy would be; remove contextCopyNgram or choose another policy" $where $copies) -}}
+{{- end -}}
+{{- if hasKey $s "copyConfidence" -}}
+{{- if eq $copies 0 -}}
+{{- fail (printf "%s: scheduler.copyConfidence is the confidence of context-copied drafts, and contextCopyNgram is unset or 0 (no copies); set contextCopyNgram or remove copyConfidence" $where) -}}
+{{- end -}}
+{{- if not (has $s.policy (list "prefix" "lagged")) -}}
+{{- fail (printf "%s: scheduler.copyConfidence is only read by policies prefix and lagged, which rank drafts by confidence (policy is %s); remove copyConfidence" $where $s.policy) -}}
+{{- end -}}
+{{- end -}}
 {{- with $t.costTable.inline -}}
 {{- $probes := .sample_batch_tokens -}}
 {{- if ne (len $probes) (len .sample_steps_per_sec) -}}
@@ -230,15 +242,22 @@ sts_path: {{ include "dspark.stsPath" . }}
 sla_name: {{ .t.name }}
 greedy_only: {{ $s.greedyOnly | default false }}
 {{- if hasKey $s "draftStepSeconds" }}
-draft_step_seconds: {{ include "dspark.seconds" $s.draftStepSeconds }}
+draft_step_seconds: {{ include "dspark.float" $s.draftStepSeconds }}
+{{- end }}
+{{- if hasKey $s "contextCopyNgram" }}
+context_copy_ngram: {{ int $s.contextCopyNgram }}
+{{- end }}
+{{- if hasKey $s "copyConfidence" }}
+copy_confidence: {{ include "dspark.float" $s.copyConfidence }}
 {{- end }}
 {{- end -}}
 
 {{/*
-A number of seconds as a YAML float every loader reads as one: fixed-point to the
-nanosecond, trailing zeros dropped ("%v" would print 1e-05, which PyYAML reads as a string).
+A number (seconds, a probability) as a YAML float every loader reads as one: fixed-point
+to 9 decimals, trailing zeros dropped ("%v" would print 1e-05, which PyYAML reads as a
+string).
 */}}
-{{- define "dspark.seconds" -}}
+{{- define "dspark.float" -}}
 {{- regexReplaceAll "\\.$" (regexReplaceAll "0+$" (printf "%.9f" (float64 .)) "") ".0" -}}
 {{- end -}}
 
