@@ -470,10 +470,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--context-copy",
         type=context_copy_ngram,
-        default=DEFAULT_NGRAM,
+        default=None,
         metavar="N",
         help="context copies in every DSPARK_MOE policy's scheduler config (N trailing "
-        "tokens; 0 = off; 'sglang' has no config, so no copies)",
+        f"tokens; 0 = off; 'sglang' has no config, so no copies). Default: {DEFAULT_NGRAM} "
+        "when every --temperatures is 0, else off (one config serves every cell)",
     )
     ap.add_argument(
         "--mem-fraction-static",
@@ -525,6 +526,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if not args.policies and not args.ngram:
         ap.error("nothing to compare: give --policies or drop --no-ngram")
+    if args.context_copy is None:
+        from dspark_sglang.model.context_copy import default_ngram
+
+        args.context_copy = default_ngram(all(t == 0 for t in args.temperatures))
     if not 0 < args.mem_fraction_static < 1:
         ap.error(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
     from dspark_sglang.scheduling.config import NEEDS_COST_TABLE

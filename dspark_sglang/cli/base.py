@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.model.context_copy import DEFAULT_NGRAM
+from dspark_sglang.model.context_copy import DEFAULT_NGRAM, default_ngram
 from dspark_sglang.scheduling.config import POLICIES
 
 __all__ = [
@@ -138,12 +138,14 @@ def add_decoding_arguments(
     p.add_argument(
         "--context-copy",
         type=context_copy_ngram,
-        default=DEFAULT_NGRAM,
+        default=None,
         metavar="N",
         help="context copies: where the last N tokens of a request occurred before in its "
         "text, draft the token that followed them then instead of the drafter's (lossless; "
-        "pays where replies repeat their prompt or themselves); 0 = off. With --engine "
-        "sglang it is part of every DSPARK_MOE policy's scheduler config",
+        "pays where replies repeat their prompt or themselves); 0 = off. Default: "
+        f"{DEFAULT_NGRAM} at temperature 0, off when sampling (a sampled copy is accepted "
+        "with the target's probability of it, which can be less than the drafter's sample "
+        "gets). With --engine sglang it is part of every DSPARK_MOE policy's scheduler config",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=-1)
@@ -172,6 +174,12 @@ def context_copy_ngram(value: str) -> int:
     return n
 
 
+def resolve_context_copy(args: argparse.Namespace) -> int:
+    """``--context-copy``, or its default for the run's temperature (on when greedy)."""
+    n = getattr(args, "context_copy", None)
+    return default_ngram(float(args.temperature) == 0.0) if n is None else int(n)
+
+
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``add_decoding_arguments`` flags as ``reference.demo.build_generator`` keywords."""
     keys = (
@@ -185,7 +193,9 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
         "top_k",
         "top_p",
     )
-    return {k: getattr(args, k) for k in (*keys, "seed", "threads")}
+    return {k: getattr(args, k) for k in (*keys, "seed", "threads")} | {
+        "context_copy": resolve_context_copy(args)
+    }
 
 
 # --------------------------------------------------------------------------- simulate, plan

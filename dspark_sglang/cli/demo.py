@@ -18,7 +18,12 @@ import argparse
 import sys
 from typing import Any
 
-from dspark_sglang.cli.base import Command, add_decoding_arguments, decoding_options
+from dspark_sglang.cli.base import (
+    Command,
+    add_decoding_arguments,
+    decoding_options,
+    resolve_context_copy,
+)
 from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.sglang_integration.cpu_dtype import DTYPE_CHOICES
 from dspark_sglang.sglang_integration.demo import DEFAULT_COMPARE, DEFAULT_POLICY
@@ -90,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
+    args.context_copy = resolve_context_copy(args)
     if args.engine == "sglang":
         from dspark_sglang.sglang_integration.demo import run_sglang_demo
         from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR, ensure_smollm2_with_status

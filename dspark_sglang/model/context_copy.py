@@ -29,10 +29,24 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DEFAULT_NGRAM", "ContextCopies", "check_ngram", "copy_drafts", "one_hot_rows"]
+__all__ = [
+    "DEFAULT_NGRAM",
+    "ContextCopies",
+    "check_ngram",
+    "copy_drafts",
+    "default_ngram",
+    "one_hot_rows",
+]
 
-#: The n-gram the demo, ``generate`` and the CPU benchmark use unless told otherwise.
+#: The n-gram the demo, ``generate`` and the CPU benchmark use on greedy runs.
 DEFAULT_NGRAM = 2
+
+
+def default_ngram(greedy: bool) -> int:
+    """The copies a run gets unless told otherwise: :data:`DEFAULT_NGRAM` when every request
+    is greedy, else none. A sampled copy is accepted with the target's probability of it,
+    which can be less than the drafter's own sample would get, so sampled runs opt in."""
+    return DEFAULT_NGRAM if greedy else 0
 
 
 def check_ngram(ngram: object, where: str) -> int:

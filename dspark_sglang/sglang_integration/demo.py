@@ -66,6 +66,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from dspark_sglang.model.context_copy import default_ngram
 from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 from dspark_sglang.sglang_integration.cpu_dtype import DtypeChoice, choose_cpu_dtype, read_cpuinfo
 from dspark_sglang.sglang_integration.demo_report import EngineRun, report
@@ -406,6 +407,9 @@ def write_scheduler_config(
             check_sts_block_size(load_sts(sts).block_size, block_size, f"STS {sts}")
         except LaunchError as exc:
             raise DemoError(str(exc)) from exc
+    copies = getattr(args, "context_copy", None)
+    if copies is None:  # unset: on for a greedy-only tier (model.context_copy.default_ngram)
+        copies = default_ngram(greedy_only)
     cfg = SchedulerConfig(
         block_size=block_size,
         policy=policy,
@@ -417,7 +421,7 @@ def write_scheduler_config(
         # CPU engines capture no graphs: verifying only the drafts the policy chose
         # is cheaper than verifying the block and capping acceptance.
         ragged_mode=None if policy == "verify_all" else "compact",
-        context_copy_ngram=getattr(args, "context_copy", 0) if policy != "none" else 0,
+        context_copy_ngram=copies if policy != "none" else 0,
     )
     path = workdir / f"scheduler-{policy}.yaml"
     cfg.save(path)
@@ -668,7 +672,8 @@ def run_sglang_demo(
             soft_wrap=True,
             highlight=False,
         )
-        n = getattr(args, "context_copy", 0)
+        n = getattr(args, "context_copy", None)
+        n = default_ngram(True) if n is None else n  # every demo request is greedy
         console.print(
             f"context copies: {n}-gram in every policy's scheduler config (where a request's "
             f"last {n} tokens occurred before, the next draft is the token that followed them; "

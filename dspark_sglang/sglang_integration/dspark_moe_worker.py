@@ -154,28 +154,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 object.__setattr__(executor, name, self._timed_verify(getattr(executor, name)))
         if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
-        self._install_context_copy(decider.config)
-
-    def _install_context_copy(self, config: Any) -> None:
-        """Context copies after the drafter's block (``context_copy``), if configured."""
-        from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
-
-        ngram = int(config.context_copy_ngram)
-        guard = getattr(getattr(self, "_proposer", None), "propose", None)
-        if not ngram or guard is None or not hasattr(guard, "context_copy"):
-            return
-        from sglang.srt.runtime_context import get_schedule
-
-        # The scheduler's own setting (``Scheduler.enable_overlap`` reads the same).
-        check_overlap(
-            ngram, bool(get_schedule().disable_overlap_schedule), "DSPARK_SCHEDULER_CONFIG"
-        )
-        guard.context_copy = ProposalCopier(ngram, config.copy_confidence_value)
-        logger.info(
-            "DSPARK_MOE: context copies on (%d-gram, copy confidence %.2f)",
-            ngram,
-            config.copy_confidence_value,
-        )
+        _install_context_copy(self, decider.config)
 
     def _timed_verify(self, run: Callable[..., Any]) -> Callable[..., Any]:
         """``run`` (the target's verify of a round) adding its seconds to this round's."""
@@ -315,4 +294,29 @@ def _check_draft_heads(target_worker: Any) -> None:
         int(get_parallel().attn_tp_size),
         str(target_worker.device).split(":")[0],
         f"draft config {draft.model_path}",
+    )
+
+
+def _install_context_copy(worker: Any, config: Any) -> None:
+    """Context copies after the drafter's block (``context_copy``), if ``config`` asks.
+
+    The worker's fault guard around ``propose`` applies them; a worker without one (no
+    proposer) gets none. Read through ``vars``: SGLang's worker resolves missing
+    attributes itself.
+    """
+    from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
+
+    ngram = int(config.context_copy_ngram)
+    guard = getattr(vars(worker).get("_proposer"), "propose", None)
+    if not ngram or guard is None or not hasattr(guard, "context_copy"):
+        return
+    from sglang.srt.runtime_context import get_schedule
+
+    # The scheduler's own setting (``Scheduler.enable_overlap`` reads the same).
+    check_overlap(ngram, bool(get_schedule().disable_overlap_schedule), "DSPARK_SCHEDULER_CONFIG")
+    guard.context_copy = ProposalCopier(ngram, config.copy_confidence_value)
+    logger.info(
+        "DSPARK_MOE: context copies on (%d-gram, copy confidence %.2f)",
+        ngram,
+        config.copy_confidence_value,
     )

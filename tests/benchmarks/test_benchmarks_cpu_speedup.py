@@ -317,6 +317,9 @@ def test_defaults_are_the_full_grid() -> None:
         ["--concurrency", "1", "4", "--temperatures", "0", "--policies", "--prompts-per-cell", "4"]
     )
     assert small.concurrency == [1, 4] and small.temperatures == [0.0] and small.policies == []
+    # Context copies: on for an all-greedy grid, off when a cell samples, unless given.
+    assert args.context_copy == 0 and small.context_copy == 2
+    assert bench.parse_args(["--context-copy", "3"]).context_copy == 3
 
 
 @pytest.mark.parametrize(

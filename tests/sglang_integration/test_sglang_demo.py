@@ -16,6 +16,7 @@ from rich.console import Console
 
 from dspark_sglang.calibration.sts import StsCalibration
 from dspark_sglang.cli import build_parser
+from dspark_sglang.cli.base import resolve_context_copy
 from dspark_sglang.model.context_copy import DEFAULT_NGRAM
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.cpu_dtype import choose_cpu_dtype
@@ -202,7 +203,10 @@ def test_a_greedy_only_tier_takes_the_drafters_greedy_sts(tmp_path: Path) -> Non
 def test_context_copies_go_into_every_policys_config(tmp_path: Path) -> None:
     drafter = _drafter_dir(tmp_path, 7, 7)
     quiet = Console(quiet=True)
-    assert _demo_args().context_copy == DEFAULT_NGRAM  # on unless told otherwise
+    # On for greedy runs unless told otherwise (the SGLang demo is greedy), off when sampling.
+    assert resolve_context_copy(_demo_args()) == DEFAULT_NGRAM
+    assert resolve_context_copy(_demo_args("--engine", "reference", "--temperature", "1")) == 0
+    assert resolve_context_copy(_demo_args("--temperature", "1", "--context-copy", "2")) == 2
     for argv, n in (
         ((), DEFAULT_NGRAM),
         (("--context-copy", "3"), 3),
@@ -211,11 +215,14 @@ def test_context_copies_go_into_every_policys_config(tmp_path: Path) -> None:
         work = tmp_path / f"w{n}"
         work.mkdir()
         args = _demo_args(*argv)
+        args.context_copy = resolve_context_copy(args)  # as the demo command does
         for policy in ("prefix", "mtp1", "verify_all"):
             path = write_scheduler_config(args, drafter, work, quiet, policy=policy)
             assert path is not None and SchedulerConfig.load(path).context_copy_ngram == n
     # verify_all runs SGLang's static mode, whose draft has no confidence head: no STS.
-    path = write_scheduler_config(_demo_args(), drafter, tmp_path, quiet, policy="verify_all")
+    args = _demo_args()
+    args.context_copy = resolve_context_copy(args)
+    path = write_scheduler_config(args, drafter, tmp_path, quiet, policy="verify_all")
     assert path is not None and SchedulerConfig.load(path).sts_path is None
     with pytest.raises(SystemExit):
         _demo_args("--context-copy", "-1")
