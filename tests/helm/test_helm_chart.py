@@ -838,6 +838,17 @@ def test_sglang_env_follows_the_tier_as_the_plugin_rules(
     assert env["SGLANG_DSPARK_USE_GREEDY_DRAFT"] == ("1" if greedy_only else "0")
 
 
+def _loaded_scheduler_config(manifests: str, tmp_path: Path) -> tuple[SchedulerConfig, str]:
+    """The one tier's rendered scheduler config, loaded as the plugin loads it, and its text."""
+    docs = [d for d in yaml.safe_load_all(manifests) if d]
+    (cm,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+    ]
+    rendered = tmp_path / "scheduler.yaml"
+    rendered.write_text(cm["data"]["scheduler.yaml"])
+    return SchedulerConfig.load(rendered), cm["data"]["scheduler.yaml"]
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_draft_step_seconds_is_accepted_exactly_where_the_plugin_reads_it(
     policy: str, tmp_path: Path
@@ -874,16 +885,8 @@ def test_draft_step_seconds_is_accepted_exactly_where_the_plugin_reads_it(
             ) in proc.stderr, proc.stderr
             continue
         assert proc.returncode == 0, proc.stderr
-        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-        (cm,) = [
-            d
-            for d in docs
-            if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
-        ]
-        rendered = tmp_path / "scheduler.yaml"
-        rendered.write_text(cm["data"]["scheduler.yaml"])
-        cfg = SchedulerConfig.load(rendered)
-        assert cfg.draft_step_seconds == seconds, cm["data"]["scheduler.yaml"]
+        cfg, text = _loaded_scheduler_config(proc.stdout, tmp_path)
+        assert cfg.draft_step_seconds == seconds, text
         assert cfg.policy == policy
 
 
@@ -920,17 +923,9 @@ def test_context_copy_knobs_are_accepted_exactly_where_the_plugin_reads_them(
             assert "remove c" in proc.stderr, proc.stderr  # contextCopyNgram / copyConfidence
             continue
         assert proc.returncode == 0, proc.stderr
-        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-        (cm,) = [
-            d
-            for d in docs
-            if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
-        ]
-        rendered = tmp_path / "scheduler.yaml"
-        rendered.write_text(cm["data"]["scheduler.yaml"])
-        cfg = SchedulerConfig.load(rendered)
-        assert cfg.context_copy_ngram == knobs["contextCopyNgram"]
-        assert cfg.copy_confidence == knobs.get("copyConfidence")
+        cfg, text = _loaded_scheduler_config(proc.stdout, tmp_path)
+        assert cfg.context_copy_ngram == knobs["contextCopyNgram"], text
+        assert cfg.copy_confidence == knobs.get("copyConfidence"), text
     # Without the knob nothing is rendered: copies stay off (the plugin's default).
     for doc in render(CHART / "values.yaml"):
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-scheduler"):

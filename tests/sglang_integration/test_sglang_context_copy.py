@@ -23,12 +23,13 @@ from typing import Any
 import msgspec
 import pytest
 import torch
+from moe_engine_spec import dummy_draft_spec
 
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration import fallback
 from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
 from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
-from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
+from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 from dspark_sglang.sglang_integration.launch import scheduler_env
 
 dspark_draft = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_draft")
@@ -137,16 +138,7 @@ def copy_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     SchedulerConfig(block_size=4, policy="verify_all", sla_name="copy", context_copy_ngram=2).save(
         cfg
     )
-    spec = CpuEngineSpec(
-        model_path=str(smollm2_path),
-        overrides={
-            "speculative_algorithm": "DSPARK_MOE",
-            "speculative_draft_model_path": str(draft),
-            "speculative_draft_load_format": "dummy",
-        },
-        env=scheduler_env(cfg),
-    )
-    with cpu_engine(spec) as engine:
+    with cpu_engine(dummy_draft_spec(smollm2_path, draft, scheduler_env(cfg))) as engine:
         yield engine
 
 
