@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.model.context_copy import DEFAULT_NGRAM, default_ngram
-from dspark_sglang.scheduling.config import POLICIES
+from dspark_sglang.scheduling.config import POLICIES, check_ngram
 
 __all__ = [
     "Command",
@@ -162,16 +162,16 @@ def add_decoding_arguments(
 
 
 def context_copy_ngram(value: str) -> int:
-    """``--context-copy``: an integer >= 0."""
+    """``--context-copy``: an integer >= 0 (``scheduling.config.check_ngram``)."""
+    n: object
     try:
         n = int(value)
     except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer >= 0 (0 = off, N = trailing tokens to match), got {value!r}"
-        )
-    return n
+        n = value
+    try:
+        return check_ngram(n, "--context-copy")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def resolve_context_copy(args: argparse.Namespace) -> int:
@@ -188,7 +188,6 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
         "static_k",
         "cost_table",
         "sts",
-        "context_copy",
         "temperature",
         "top_k",
         "top_p",

@@ -20,7 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
+from dspark_sglang.cli.base import (
+    Command,
+    RawDefaultsHelpFormatter,
+    UsageError,
+    context_copy_ngram,
+    resolve_outputs,
+)
 
 __all__ = ["COMMAND", "parse_drafter_specs", "parse_eval_sets", "parse_prompt_specs"]
 
@@ -224,7 +230,7 @@ def _add_arguments(a: argparse.ArgumentParser) -> None:
     )
     a.add_argument(
         "--context-copy",
-        type=int,
+        type=context_copy_ngram,
         default=0,
         metavar="N",
         help="also run every drafter as NAME+copy, with drafts copied from the context "
@@ -266,11 +272,6 @@ def _validate(
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    if args.context_copy < 0:
-        raise UsageError(
-            f"--context-copy must be >= 0 (0 = off, N = trailing tokens to match), "
-            f"got {args.context_copy}"
-        )
     if not (0.0 <= args.temperature < float("inf")):
         raise UsageError(
             f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"

@@ -25,6 +25,7 @@ Vectorised over requests with no host reads: ``B`` steps of fixed-shape tensor o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +33,10 @@ import torch
 __all__ = [
     "DEFAULT_NGRAM",
     "ContextCopies",
-    "check_ngram",
     "copy_drafts",
     "default_ngram",
     "one_hot_rows",
+    "pad_histories",
 ]
 
 #: The n-gram the demo, ``generate`` and the CPU benchmark use on greedy runs.
@@ -49,16 +50,6 @@ def default_ngram(greedy: bool) -> int:
     return DEFAULT_NGRAM if greedy else 0
 
 
-def check_ngram(ngram: object, where: str) -> int:
-    """``ngram`` as an int >= 0 (0 = no copies), or a ValueError naming ``where``."""
-    if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 0:
-        raise ValueError(
-            f"{where} must be an integer >= 0 (0 turns context copies off; 2 or 3 match "
-            f"that many trailing tokens), got {ngram!r}"
-        )
-    return ngram
-
-
 @dataclass(frozen=True)
 class ContextCopies:
     """``tokens`` ``[N, B]``: the drafts after copying; ``copied`` ``[N, B]`` bool: the
@@ -66,6 +57,19 @@ class ContextCopies:
 
     tokens: torch.Tensor
     copied: torch.Tensor
+
+
+def pad_histories(
+    texts: Sequence[Sequence[int]], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``copy_drafts``' ``history`` ``[N, L]`` (each request's token ids, left-aligned,
+    zero-padded) and ``lengths`` ``[N]`` from per-request token lists."""
+    longest = max((len(t) for t in texts), default=0)
+    history = torch.zeros((len(texts), longest), dtype=torch.int64)
+    for i, t in enumerate(texts):
+        history[i, : len(t)] = torch.as_tensor(list(t), dtype=torch.int64)
+    lengths = torch.tensor([len(t) for t in texts], dtype=torch.int64)
+    return history.to(device), lengths.to(device)
 
 
 def copy_drafts(

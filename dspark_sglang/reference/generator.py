@@ -39,11 +39,16 @@ import torch
 from transformers import DynamicCache
 
 from dspark_sglang.model.block_sampler import DraftProposal, sample_block
-from dspark_sglang.model.context_copy import ContextCopies, check_ngram, copy_drafts, one_hot_rows
+from dspark_sglang.model.context_copy import (
+    ContextCopies,
+    copy_drafts,
+    one_hot_rows,
+    pad_histories,
+)
 from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.model.heads import calibrated_confidence
 from dspark_sglang.sampling import SamplingParams, logits_to_probs, sample
-from dspark_sglang.scheduling.config import DEFAULT_COPY_CONFIDENCE
+from dspark_sglang.scheduling.config import DEFAULT_COPY_CONFIDENCE, check_ngram
 from dspark_sglang.scheduling.policies import SchedulingPolicy
 from dspark_sglang.targets.hf_target import HFTarget
 from dspark_sglang.verify.chain import VerifyResult, chain_verify, greedy_verify
@@ -430,11 +435,7 @@ class ReferenceGenerator:
         self, reqs: Sequence[_Request], proposal: DraftProposal
     ) -> tuple[DraftProposal, ContextCopies]:
         """``proposal`` with context copies (their draft distributions one-hot)."""
-        longest = max(len(r.tokens) for r in reqs)
-        history = torch.zeros((len(reqs), longest), dtype=torch.int64)
-        for i, r in enumerate(reqs):
-            history[i, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.int64)
-        lengths = torch.tensor([len(r.tokens) for r in reqs], dtype=torch.int64)
+        history, lengths = pad_histories([r.tokens for r in reqs])
         copies = copy_drafts(history, lengths, proposal.tokens, self.context_copy_ngram)
         copied = DraftProposal(
             tokens=copies.tokens,

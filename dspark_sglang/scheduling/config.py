@@ -20,6 +20,7 @@ import msgspec
 import yaml
 
 __all__ = [
+    "DEFAULT_COPY_CONFIDENCE",
     "NEEDS_COST_TABLE",
     "POLICIES",
     "RAGGED_VERIFY_MODES",
@@ -27,6 +28,7 @@ __all__ = [
     "Policy",
     "RaggedVerifyMode",
     "SchedulerConfig",
+    "check_ngram",
     "num_draft_tokens",
 ]
 
@@ -82,6 +84,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_ngram(ngram: object, where: str) -> int:
+    """A context-copy n-gram (``context_copy_ngram``) as an int >= 0 (0 = no copies), or a
+    ValueError naming ``where``: the one check of the setting (this config, the reference
+    generator, the ``--context-copy`` flags)."""
+    if not _is_int(ngram) or ngram < 0:  # type: ignore[operator]
+        raise ValueError(
+            f"{where} must be an integer >= 0 (0 turns context copies off; 2 or 3 match "
+            f"that many trailing tokens), got {ngram!r}"
+        )
+    return int(ngram)  # type: ignore[call-overload]
 
 
 def _opt_path(name: str, v: Any) -> None:
@@ -258,12 +272,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         self._check_context_copy()
 
     def _check_context_copy(self) -> None:
-        n = self.context_copy_ngram
-        if not _is_int(n) or n < 0:
-            raise ConfigError(
-                f"context_copy_ngram must be an integer >= 0 (0 turns context copies off; 2 "
-                f"or 3 match that many trailing tokens), got {n!r}"
-            )
+        try:
+            n = check_ngram(self.context_copy_ngram, "context_copy_ngram")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if n and self.policy == "none":
             raise ConfigError(
                 "context_copy_ngram with policy 'none': no draft is verified, so no copy "

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import torch
 
-from dspark_sglang.model.context_copy import copy_drafts
+from dspark_sglang.model.context_copy import copy_drafts, pad_histories
 from dspark_sglang.sglang_integration.fallback import one_hot_logits
 
 __all__ = ["ProposalCopier", "check_overlap"]
@@ -45,20 +45,10 @@ def check_overlap(ngram: int, disable_overlap_schedule: bool, where: str) -> Non
         )
 
 
-def _histories(reqs: list[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-aligned ``[N, L]`` token ids (prompt + output, ending with the anchor), lengths."""
-    texts = [[*r.origin_input_ids, *r.output_ids] for r in reqs]
-    longest = max((len(t) for t in texts), default=0)
-    rows = [t + [0] * (longest - len(t)) for t in texts]
-    history = torch.tensor(rows, dtype=torch.int64).reshape(len(texts), longest)
-    lengths = torch.tensor([len(t) for t in texts], dtype=torch.int64)
-    return history.to(device), lengths.to(device)
-
-
 class ProposalCopier:
     """Rewrites a step's ``DraftProposal`` with context copies (module docstring).
 
-    ``copied_drafts`` / ``steps`` count (host, cheap) what it did, for logs and tests.
+    ``steps`` counts (host, cheap) the steps it rewrote, for logs and tests.
     """
 
     def __init__(self, ngram: int, copy_confidence: float) -> None:
@@ -77,7 +67,9 @@ class ProposalCopier:
         if bs == 0:
             return proposal
         self.steps += 1
-        history, lengths = _histories(list(batch.reqs[:bs]), tokens.device)
+        # Each request's text, prompt + output, ending with the anchor (module docstring).
+        texts = [[*r.origin_input_ids, *r.output_ids] for r in batch.reqs[:bs]]
+        history, lengths = pad_histories(texts, tokens.device)
         copies = copy_drafts(history, lengths, tokens[:bs], self.ngram)
         # Rows past ``bs`` (padding for a captured graph) keep the drafter's tokens.
         copied = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
@@ -99,11 +91,10 @@ class ProposalCopier:
             changes["verify_ids"] = torch.cat(
                 [verify_ids[:, :1], new_tokens[: verify_ids.shape[0]].to(verify_ids.dtype)], 1
             )
-        for name, value in (("confidence", self.copy_confidence), ("confidence_raw", None)):
+        fills = (("confidence", self.copy_confidence), ("confidence_raw", self.copy_logit))
+        for name, fill in fills:
             t = getattr(proposal, name, None)
-            if t is None:
-                continue
-            fill = self.copy_logit if value is None else value
-            mask = copied[: t.shape[0], : t.shape[1]]
-            changes[name] = torch.where(mask, torch.full_like(t, fill), t)
+            if t is not None:
+                mask = copied[: t.shape[0], : t.shape[1]]
+                changes[name] = torch.where(mask, torch.full_like(t, fill), t)
         return msgspec.structs.replace(proposal, **changes)

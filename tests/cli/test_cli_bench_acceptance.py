@@ -277,7 +277,7 @@ def test_cli_errors_name_the_flag(
         (["--drafter", ar, "--skip-prompts", "-1"], "--skip-prompts must be >= 0"),
         (["--drafter", ar, "--eval-sets", "gsm8k,nope"], "--eval-sets"),
         (["--drafter", ar, "--temperature", "-0.5"], "--temperature must be a finite number"),
-        (["--drafter", ar, "--context-copy", "-1"], "--context-copy must be >= 0"),
+        (["--drafter", ar, "--context-copy", "-1"], "--context-copy must be an integer >= 0"),
         (["--drafter", ar, "--temperature", "nan"], "--temperature must be a finite number"),
         (["--drafter", f"x={tiny_drafters['dspark'].parent}"], "unknown drafter kind"),
         (["--drafter", f"x={tiny_drafters['ar']}", "--target", str(tmp_path / "t")], "--target"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_sglang.model.context_copy import check_ngram, copy_drafts, one_hot_rows
+from dspark_sglang.model.context_copy import copy_drafts, one_hot_rows
 
 
 def _direct(history: list[int], drafts: list[int], n: int) -> tuple[list[int], list[bool]]:
@@ -72,9 +72,3 @@ def test_one_hot_rows_replace_only_copied_slots() -> None:
     partial = copy_drafts(torch.tensor([[1, 2]]), torch.tensor([2]), torch.tensor([[3, 3]]), 1)
     assert partial.copied.tolist() == [[False, False]]
     assert torch.equal(one_hot_rows(probs[:, :2], partial), probs[:, :2])
-
-
-@pytest.mark.parametrize("bad", [-1, 1.5, "2", True, None])
-def test_check_ngram_names_the_field(bad: object) -> None:
-    with pytest.raises(ValueError, match="context_copy_ngram must be an integer >= 0"):
-        check_ngram(bad, "context_copy_ngram")

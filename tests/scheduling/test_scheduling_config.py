@@ -13,6 +13,7 @@ from dspark_sglang.scheduling.config import (
     POLICIES,
     ConfigError,
     SchedulerConfig,
+    check_ngram,
 )
 
 FULL = {
@@ -266,3 +267,9 @@ def test_bad_context_copy_settings_name_the_field(kw: dict[str, object], msg: st
     base: dict[str, object] = {"block_size": 4, "policy": "prefix"}
     with pytest.raises(ConfigError, match=re.escape(msg)):
         SchedulerConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True, None])
+def test_check_ngram_names_the_field(bad: object) -> None:
+    with pytest.raises(ValueError, match="context_copy_ngram must be an integer >= 0"):
+        check_ngram(bad, "context_copy_ngram")
