@@ -60,6 +60,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -502,15 +503,28 @@ def target_top_tokens(
     return tuple(top)
 
 
-def flush_radix_cache(engine: Any) -> None:
-    """Empty ``engine``'s radix cache (SGLang's ``Engine.flush_cache``); raise if it refused.
+def flush_radix_cache(engine: Any, wait_s: float = 30.0, poll_s: float = 0.05) -> None:
+    """Empty ``engine``'s radix cache (SGLang's ``Engine.flush_cache``); raise if it refuses
+    for ``wait_s`` seconds.
 
-    SGLang refuses while requests are running, which between two finished
-    ``generate`` calls is a bug worth stopping for.
+    SGLang refuses while its scheduler holds a request. A request whose output
+    ``generate`` has already returned is retired only on the scheduler loop's next
+    iteration, so a flush sent right after a pass can land before that (on a loaded
+    machine it does) and is asked again every ``poll_s`` seconds. A refusal that
+    outlasts ``wait_s`` means requests are still running between two finished
+    passes: a bug worth stopping for.
     """
-    result = engine.flush_cache()
-    if not getattr(result, "success", False):
-        raise RuntimeError(f"SGLang refused to flush the radix cache between passes: {result!r}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = engine.flush_cache()
+        if getattr(result, "success", False):
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"SGLang refused to flush the radix cache between passes for {wait_s:g} s: "
+                f"{result!r}"
+            )
+        time.sleep(poll_s)
 
 
 def run_engines(

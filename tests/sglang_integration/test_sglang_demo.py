@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
@@ -26,6 +27,7 @@ from dspark_sglang.sglang_integration.demo import (
     DemoPlan,
     cost_table_dtype,
     demo_policies,
+    flush_radix_cache,
     write_scheduler_config,
 )
 from dspark_sglang.sglang_integration.demo_report import EngineRun, report
@@ -381,3 +383,28 @@ def test_a_cost_table_from_another_dtype_is_named(tmp_path: Path) -> None:
     warning = notes("bfloat16")
     assert "measured in float32" in warning and "engines run in bfloat16" in warning
     assert "dspark-sglang profile --dtype bfloat16" in warning
+
+
+class _RefusingEngine:
+    """SGLang's ``flush_cache`` answer, refused ``refusals`` times before it succeeds."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.calls = 0
+
+    def flush_cache(self) -> SimpleNamespace:
+        self.calls += 1
+        return SimpleNamespace(success=self.calls > self.refusals)
+
+
+def test_a_flush_refused_while_the_scheduler_retires_a_request_is_asked_again() -> None:
+    engine = _RefusingEngine(refusals=3)
+    flush_radix_cache(engine, wait_s=5.0, poll_s=0.0)
+    assert engine.calls == 4
+
+
+def test_a_flush_refused_for_the_whole_wait_is_an_error() -> None:
+    engine = _RefusingEngine(refusals=10**9)
+    with pytest.raises(RuntimeError, match="refused to flush the radix cache"):
+        flush_radix_cache(engine, wait_s=0.05, poll_s=0.01)
+    assert engine.calls >= 2
