@@ -183,9 +183,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         text, the draft is the token that followed them then instead of the
         drafter's. Lossless (a copy's draft distribution is one-hot on it); it pays
         where replies repeat their prompt or themselves (code, arithmetic). 0 turns
-        it off; 2 or 3 are the useful values. Needs SGLang without the overlap
-        scheduler (its default on CPU; ``--disable-overlap-schedule`` on a GPU).
-        Refused with policy ``none`` (no draft is verified).
+        it off; 2 or 3 are the useful values. Refused with policy ``none`` (no draft is verified).
     ``copy_confidence`` (float in (0, 1), optional; with ``context_copy_ngram`` and
     policies ``prefix`` / ``lagged`` only)
         The confidence the policy sees for a copied draft (the drafter's head scored

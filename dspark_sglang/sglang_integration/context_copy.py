@@ -14,10 +14,10 @@ guard) ran and before the planner reads the confidences:
 * ``folded`` off: a folded proposal's in-graph accept reads the draft graph's own token
   buffers, which still hold the drafter's tokens, so the eager accept must run.
 
-The request text is the scheduler's (``origin_input_ids + output_ids`` of each running
-request). That is current when the draft runs only without the overlap scheduler (the
-host lags a step behind the device with it), which SGLang turns off for speculative
-decoding on CPU; :func:`check_overlap` refuses the combination at start-up elsewhere.
+The request text is the worker's own ``token_history.TokenHistory`` (written at each
+prefill and after each verify, on the device), so it is current when the draft runs
+with SGLang's overlap scheduler too; the only host work per step is a length bound
+from the scheduler's request lists (which may lag a round, hence the margin).
 """
 
 from __future__ import annotations
@@ -28,48 +28,53 @@ from typing import Any
 import msgspec
 import torch
 
-from dspark_sglang.model.context_copy import copy_drafts, pad_histories
+from dspark_sglang.model.context_copy import copy_drafts
 from dspark_sglang.sglang_integration.fallback import one_hot_logits
+from dspark_sglang.sglang_integration.token_history import TokenHistory
 
-__all__ = ["ProposalCopier", "check_overlap"]
-
-
-def check_overlap(ngram: int, disable_overlap_schedule: bool, where: str) -> None:
-    """Refuse context copies with SGLang's overlap scheduler (module docstring)."""
-    if ngram and not disable_overlap_schedule:
-        raise ValueError(
-            f"{where}: context_copy_ngram={ngram} reads each request's text from the "
-            "scheduler, which runs a step ahead of it with the overlap scheduler; start "
-            "SGLang with --disable-overlap-schedule (SGLang does on CPU) or set "
-            "context_copy_ngram: 0"
-        )
+__all__ = ["ProposalCopier"]
 
 
 class ProposalCopier:
     """Rewrites a step's ``DraftProposal`` with context copies (module docstring).
 
-    ``steps`` counts (host, cheap) the steps it rewrote, for logs and tests.
+    ``history`` is the worker's token table (set once the request pool exists; a
+    copier without one raises, and the fault guard then turns copies off);
+    ``margin``: tokens a request's text may run ahead of the scheduler's lists (one
+    round's verify width under the overlap scheduler). ``steps`` counts (host, cheap)
+    the steps it rewrote, for logs and tests.
     """
 
-    def __init__(self, ngram: int, copy_confidence: float) -> None:
+    def __init__(
+        self,
+        ngram: int,
+        copy_confidence: float,
+        history: TokenHistory | None = None,
+        margin: int = 0,
+    ) -> None:
         if ngram < 1:
             raise ValueError(f"ProposalCopier needs ngram >= 1, got {ngram}")
         self.ngram = ngram
         self.copy_confidence = float(copy_confidence)
         c = min(max(self.copy_confidence, 1e-6), 1.0 - 1e-6)
         self.copy_logit = math.log(c / (1.0 - c))
+        self.history = history
+        self.margin = int(margin)
         self.steps = 0
 
     def __call__(self, proposal: Any, *, batch: Any, bs: int, **_: Any) -> Any:
+        if self.history is None:
+            raise RuntimeError("context copies have no token history (the worker sets it)")
         block = proposal.draft_block
         tokens = block.draft_tokens
         bs = min(int(bs), int(tokens.shape[0]), len(batch.reqs))
         if bs == 0:
             return proposal
         self.steps += 1
-        # Each request's text, prompt + output, ending with the anchor (module docstring).
-        texts = [[*r.origin_input_ids, *r.output_ids] for r in batch.reqs[:bs]]
-        history, lengths = pad_histories(texts, tokens.device)
+        bound = self.margin + max(
+            len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs[:bs]
+        )
+        history, lengths = self.history.view(batch.req_pool_indices[:bs], bound)
         copies = copy_drafts(history, lengths, tokens[:bs], self.ngram)
         # Rows past ``bs`` (padding for a captured graph) keep the drafter's tokens.
         copied = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)

@@ -88,34 +88,12 @@ class DSparkMoeSpecAlgo(CustomSpecAlgo):
             device=(cfg.device or get_device()).split(":")[0],
         )
         SpeculativeAlgorithm.DSPARK.handle_server_args(server_args)
-        _schedule_in_step_for_copies(server_args)
 
     def __getattr__(self, name: str) -> Any:
         # Anything SGLang adds to the enum interface later falls back to DSPARK.
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(SpeculativeAlgorithm.DSPARK, name)
-
-
-def _schedule_in_step_for_copies(server_args: Any) -> None:
-    """Turn SGLang's overlap scheduler off for a tier with context copies.
-
-    Copies read each request's text from the scheduler (``context_copy``), which with
-    the overlap scheduler processes a step's results only after the next step is
-    launched; without it the text is current when the draft runs. Declared as SGLang
-    declares its own resolutions (the flag the user passed is kept in the record).
-    """
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-
-    from dspark_sglang.sglang_integration.launch import copies_need_step_schedule
-
-    if resolving_view(server_args).disable_overlap_schedule or not copies_need_step_schedule():
-        return
-    declare_resolution(server_args, "dspark_moe_context_copy", disable_overlap_schedule=True)
-    logger.warning(
-        "DSPARK_MOE: context copies read each request's text from the scheduler, so the "
-        "overlap scheduler is off for this server (context_copy_ngram: 0 keeps it on)"
-    )
 
 
 def _delegate(name: str) -> Callable[..., Any]:

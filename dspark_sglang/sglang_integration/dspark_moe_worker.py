@@ -46,6 +46,10 @@ class DSparkMoeWorker(DSparkWorkerV2):
       each decode round and the target's verify in it are timed per shape (requests x
       verify tokens) and the policy prices rounds from those timings
       (``scheduler_bridge.VerifyDecider.observe_round``, ``round_costs``); never on a GPU.
+    * Context copies: a config's ``context_copy_ngram`` rewrites each step's proposal
+      after the fault guard (``context_copy``), reading each request's text from a
+      device table this worker writes at prefill and after each verify
+      (``token_history``), so copies work with the overlap scheduler.
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """
@@ -110,11 +114,29 @@ class DSparkMoeWorker(DSparkWorkerV2):
         round_profile.instrument_worker(self)
 
     def init_cuda_graphs(self) -> None:
-        """SGLang's graph capture, then our start-up cost table and policy (if pending)."""
+        """SGLang's graph capture, then our start-up cost table and policy (if pending),
+        then the token history context copies read (it needs the request pool)."""
         super().init_cuda_graphs()
         if self._dspark_profile_pending:
             self._dspark_profile_pending = False
             self._install_decider(apply_sts=False)
+        _attach_token_history(self)
+
+    def _forward_prefill(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        history = vars(self).get("_dspark_token_history")
+        if history is None or batch.forward_mode.is_idle() or not batch.reqs:
+            return super()._forward_prefill(batch, *args, **kwargs)
+        history.write_extend(batch)
+        result = super()._forward_prefill(batch, *args, **kwargs)
+        # The token the prefill sampled: the first anchor (a chunk's pseudo token is
+        # overwritten by the next chunk's write).
+        n = len(batch.reqs)
+        history.append(
+            batch.req_pool_indices[:n],
+            result.next_token_ids[:n],
+            torch.ones(n, dtype=torch.int64, device=history.tokens.device),
+        )
+        return result
 
     def _install_decider(self, *, apply_sts: bool = True) -> None:
         """Tag the planner with our policy (``scheduler_bridge.load_decider``), if configured."""
@@ -210,6 +232,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
                     exc,
                 )
         self._observe_round(result)
+        history = vars(self).get("_dspark_token_history")
+        accept = getattr(result, "accept_lens", None)
+        if history is not None and accept is not None and accept.numel() > 0:
+            # What the scheduler appends to each request: the accepted drafts, then the
+            # bonus token that anchors the next round.
+            n = int(accept.shape[0])
+            history.append(batch.req_pool_indices[:n], result.next_token_ids.reshape(n, -1), accept)
         return result
 
     def _verify_lens(self, cap_lens: torch.Tensor | None) -> torch.Tensor | int:
@@ -301,22 +330,37 @@ def _install_context_copy(worker: Any, config: Any) -> None:
     """Context copies after the drafter's block (``context_copy``), if ``config`` asks.
 
     The worker's fault guard around ``propose`` applies them; a worker without one (no
-    proposer) gets none. Read through ``vars``: SGLang's worker resolves missing
-    attributes itself.
+    proposer) gets none. The copier reads the worker's token history, which
+    :func:`_attach_token_history` creates once the request pool exists. Read through
+    ``vars``: SGLang's worker resolves missing attributes itself.
     """
-    from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
+    from dspark_sglang.sglang_integration.context_copy import ProposalCopier
 
     ngram = int(config.context_copy_ngram)
     guard = getattr(vars(worker).get("_proposer"), "propose", None)
     if not ngram or guard is None or not hasattr(guard, "context_copy"):
         return
-    from sglang.srt.runtime_context import get_schedule
-
-    # The scheduler's own setting (``Scheduler.enable_overlap`` reads the same).
-    check_overlap(ngram, bool(get_schedule().disable_overlap_schedule), "DSPARK_SCHEDULER_CONFIG")
-    guard.context_copy = ProposalCopier(ngram, config.copy_confidence_value)
+    # Under the overlap scheduler a request's host lists may lag one round's tokens.
+    margin = int(vars(worker).get("verify_num_draft_tokens") or worker.gamma + 1)
+    guard.context_copy = ProposalCopier(ngram, config.copy_confidence_value, margin=margin)
     logger.info(
         "DSPARK_MOE: context copies on (%d-gram, copy confidence %.2f)",
         ngram,
         config.copy_confidence_value,
     )
+
+
+def _attach_token_history(worker: Any) -> None:
+    """Give an installed copier its token history: one row per request-pool slot,
+    written by the worker's prefill and decode (``token_history``)."""
+    from dspark_sglang.sglang_integration.token_history import TokenHistory
+
+    guard = getattr(vars(worker).get("_proposer"), "propose", None)
+    copier = getattr(guard, "context_copy", None)
+    if copier is None:
+        return
+    history = vars(worker).get("_dspark_token_history")
+    if history is None:
+        pool = worker.target_worker.model_runner.req_to_token_pool
+        history = worker._dspark_token_history = TokenHistory.like_pool(pool.req_to_token)
+    copier.history = history

@@ -51,7 +51,6 @@ __all__ = [
     "check_ragged_mode",
     "check_server_args",
     "check_sts_block_size",
-    "copies_need_step_schedule",
     "drafter_block_size",
     "drafter_heads",
     "drafter_sts",
@@ -318,15 +317,6 @@ def check_config(
     note = greedy_draft_note(cfg, env, source)
     if note:
         logger.warning("%s", note)
-
-
-def copies_need_step_schedule(env: Mapping[str, str] | None = None) -> bool:
-    """Whether the tier's scheduler config (``DSPARK_SCHEDULER_CONFIG`` in ``env``) turns
-    context copies on, which need SGLang without the overlap scheduler
-    (``sglang_integration.context_copy``)."""
-    env = os.environ if env is None else env
-    path = env.get(CONFIG_ENV)
-    return bool(path) and SchedulerConfig.load(path).context_copy_ngram > 0
 
 
 def scheduler_env(config_path: str | Path | None, *, greedy_draft: bool = False) -> dict[str, str]:

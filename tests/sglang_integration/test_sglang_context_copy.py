@@ -1,14 +1,18 @@
 """Context copies in the DSPARK_MOE worker: the proposal rewrite, then one CPU engine.
 
-Without an engine: ``ProposalCopier`` on SGLang's own ``DraftProposal`` structs, with
-requests carrying the scheduler's ``origin_input_ids`` / ``output_ids``.
+Without an engine: ``ProposalCopier`` on SGLang's own ``DraftProposal`` structs, reading
+the requests' text from a ``TokenHistory``.
 
 With an engine: DSPARK_MOE with SGLang's dense draft (random weights, so its own
 drafts are essentially never accepted) and ``context_copy_ngram: 2`` under
-``verify_all``. Greedy output must be the target's token for token, and the accepted
-length must exceed 1 token per round: only copies can be accepted, so that is the
-copies working. Sampled requests (temperature 1) run the rejection-sampling path
-against the copies' one-hot draft logits and must complete.
+``verify_all``, with SGLang's overlap scheduler (DSPARK_MOE's default, on CPU too).
+Greedy output must be the target's token for token, and the accepted length must
+exceed 1 token per round: only copies can be accepted, so that is the copies working.
+Each request needs exactly the rounds that copies from its whole current text give
+(computed here from its output): the worker's token history is current under the
+overlap, where the scheduler's own lists lag a round. Sampled requests
+(temperature 1) run the rejection-sampling path against the copies' one-hot draft
+logits and must complete.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import pytest
 import torch
 from moe_engine_spec import dummy_draft_spec
 
+from dspark_sglang.model.context_copy import copy_drafts
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration import fallback
-from dspark_sglang.sglang_integration.context_copy import ProposalCopier, check_overlap
+from dspark_sglang.sglang_integration.context_copy import ProposalCopier
 from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
 from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
 from dspark_sglang.sglang_integration.launch import scheduler_env
+from dspark_sglang.sglang_integration.token_history import TokenHistory
 
 dspark_draft = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_draft")
 
@@ -39,6 +45,17 @@ NEW_TOKENS = 64  # as the hf_reference fixture (conftest.py)
 
 def _req(prompt: list[int], output: list[int]) -> SimpleNamespace:
     return SimpleNamespace(origin_input_ids=prompt, output_ids=array("q", output))
+
+
+def _copier(ngram: int, confidence: float, reqs: list[SimpleNamespace]) -> Any:
+    """A copier whose history holds ``reqs``' text in pool slots 3, 1, ... (not 0, 1, ...:
+    rows are found through ``req_pool_indices``), and the batch it is called with."""
+    slots = torch.tensor([3, 1, 4][: len(reqs)])
+    history = TokenHistory(rows=5, window=32, device="cpu")
+    history.write_texts(slots, [[*r.origin_input_ids, *r.output_ids] for r in reqs])
+    return ProposalCopier(ngram, confidence, history), SimpleNamespace(
+        reqs=reqs, req_pool_indices=slots
+    )
 
 
 def _proposal(drafts: list[list[int]], *, vocab: int = 12, rows: int | None = None) -> Any:
@@ -71,7 +88,8 @@ def test_copier_rewrites_tokens_logits_verify_ids_and_confidences() -> None:
     # Request 1: no repeated 2-gram -> the drafter's drafts stay.
     reqs = [_req([1, 2, 3, 4], [1, 2]), _req([5, 6], [7])]
     p = _proposal([[9, 9, 9], [8, 8, 8]], rows=3)  # one padding row (a graph's)
-    out = ProposalCopier(2, 0.7)(p, batch=SimpleNamespace(reqs=reqs), bs=2)
+    copier, batch = _copier(2, 0.7, reqs)
+    out = copier(p, batch=batch, bs=2)
     assert out.draft_block.draft_tokens.tolist() == [[3, 4, 1], [8, 8, 8], [11, 11, 11]]
     assert out.verify_ids.tolist() == [[0, 3, 4, 1], [1, 8, 8, 8], [2, 11, 11, 11]]
     assert out.folded is False  # the graph's own accept would read the old tokens
@@ -103,9 +121,9 @@ def test_copier_keeps_greedy_blocks_greedy_and_works_through_the_fault_guard() -
 
     planner = SimpleNamespace()
     guard = fallback.GuardedPropose(propose, SimpleNamespace(), planner, 2)
-    guard.context_copy = ProposalCopier(1, 0.5)
+    guard.context_copy, batch = _copier(1, 0.5, reqs)
     kw = {
-        "batch": SimpleNamespace(reqs=reqs),
+        "batch": batch,
         "bs": 1,
         "draft_input": SimpleNamespace(bonus_tokens=torch.tensor([4])),
     }
@@ -120,11 +138,10 @@ def test_copier_keeps_greedy_blocks_greedy_and_works_through_the_fault_guard() -
     assert len(calls) == 2 and guard.fallbacks == 0
 
 
-def test_copies_need_the_scheduler_in_step() -> None:
-    check_overlap(2, True, "cfg")
-    check_overlap(0, False, "cfg")
-    with pytest.raises(ValueError, match="--disable-overlap-schedule"):
-        check_overlap(2, False, "cfg")
+def test_a_copier_without_its_history_raises() -> None:
+    batch = SimpleNamespace(reqs=[_req([1], [])], req_pool_indices=torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="no token history"):
+        ProposalCopier(2, 0.5)(_proposal([[1, 2]]), batch=batch, bs=1)
 
 
 # --------------------------------------------------------------------------- engine
@@ -132,6 +149,7 @@ def test_copies_need_the_scheduler_in_step() -> None:
 
 @pytest.fixture(scope="module")
 def copy_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """With SGLang's overlap scheduler, as DSPARK_MOE runs by default (on CPU too)."""
     tmp = tmp_path_factory.mktemp("context_copy")
     draft = write_dense_dspark_draft(smollm2_path, tmp / "draft")
     cfg = tmp / "scheduler.yaml"
@@ -169,3 +187,46 @@ def test_sampled_requests_complete_against_one_hot_copies(
     for o in outs:
         assert len(o["output_ids"]) == NEW_TOKENS
         assert o["meta_info"]["spec_verify_ct"] > 0
+
+
+def _rounds_with_copies(prompt: list[int], output: list[int], drafts: int, ngram: int) -> int:
+    """Verify rounds a request needs when exactly its context copies are accepted: each
+    round copies from the whole text so far (prompt + output up to the anchor), and a
+    slot without a copy (the random drafter's) ends the round's accepted run."""
+    rounds = 0
+    pos = 1  # the prefill emitted output[0], the first round's anchor
+    while pos < len(output):
+        text = torch.tensor([[*prompt, *output[:pos]]])
+        copies = copy_drafts(
+            text, torch.tensor([text.shape[1]]), torch.full((1, drafts), -1), ngram
+        )
+        accepted = 0
+        while (
+            accepted < drafts
+            and pos + accepted < len(output)
+            and bool(copies.copied[0, accepted])
+            and int(copies.tokens[0, accepted]) == output[pos + accepted]
+        ):
+            accepted += 1
+        pos += accepted + 1
+        rounds += 1
+    return rounds
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_under_the_overlap_scheduler_every_round_copies_from_the_current_text(
+    copy_engine: Any, prompt_ids: list[list[int]]
+) -> None:
+    """Copies of a stale text (a round behind, as the scheduler's lists are under the
+    overlap) would accept fewer tokens, so a request would need more rounds than the
+    whole current text gives; the random drafter's own rare hits may only need fewer."""
+    assert copy_engine.get_server_info()["disable_overlap_schedule"] is False
+    outs = generate_outputs(copy_engine, prompt_ids, NEW_TOKENS)
+    observed = [int(o["meta_info"]["spec_verify_ct"]) for o in outs]
+    expected = [
+        _rounds_with_copies(p, list(o["output_ids"]), 4, 2)
+        for p, o in zip(prompt_ids, outs, strict=True)
+    ]
+    assert all(a <= b for a, b in zip(observed, expected, strict=True)), (observed, expected)
+    assert sum(observed) >= 0.95 * sum(expected), (observed, expected)
