@@ -124,19 +124,44 @@ class DSparkMoeWorker(DSparkWorkerV2):
 
     def _forward_prefill(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         history = vars(self).get("_dspark_token_history")
-        if history is None or batch.forward_mode.is_idle() or not batch.reqs:
-            return super()._forward_prefill(batch, *args, **kwargs)
-        history.write_extend(batch)
-        result = super()._forward_prefill(batch, *args, **kwargs)
-        # The token the prefill sampled: the first anchor (a chunk's pseudo token is
-        # overwritten by the next chunk's write).
-        n = len(batch.reqs)
-        history.append(
-            batch.req_pool_indices[:n],
-            result.next_token_ids[:n],
-            torch.ones(n, dtype=torch.int64, device=history.tokens.device),
+        record = (
+            history is not None
+            and batch.forward_mode.is_extend()
+            and bool(batch.reqs)
+            and batch.prefix_lens is not None
         )
+        if record:
+            self._keep_history(lambda: history.write_extend(batch))
+        result = super()._forward_prefill(batch, *args, **kwargs)
+        if record:
+            # The token the prefill sampled: the first anchor (a chunk's pseudo token is
+            # overwritten by the next chunk's write).
+            n = len(batch.reqs)
+            self._keep_history(
+                lambda: history.append(
+                    batch.req_pool_indices[:n],
+                    result.next_token_ids[:n],
+                    torch.ones(n, dtype=torch.int64, device=history.tokens.device),
+                )
+            )
         return result
+
+    def _keep_history(self, write: Callable[[], None]) -> None:
+        """Run one token-history write; if it fails, context copies stop and serving goes on
+        (copies are an aid: the drafter's drafts are verified as without them)."""
+        try:
+            write()
+        except Exception as exc:
+            self._dspark_token_history = None
+            guard = getattr(vars(self).get("_proposer"), "propose", None)
+            if guard is not None and hasattr(guard, "context_copy"):
+                guard.context_copy = None
+            logger.warning(
+                "DSPARK_MOE: the token history context copies read failed (%s: %s); serving "
+                "the drafter's drafts without copies from now on",
+                type(exc).__name__,
+                exc,
+            )
 
     def _install_decider(self, *, apply_sts: bool = True) -> None:
         """Tag the planner with our policy (``scheduler_bridge.load_decider``), if configured."""
@@ -237,8 +262,12 @@ class DSparkMoeWorker(DSparkWorkerV2):
         if history is not None and accept is not None and accept.numel() > 0:
             # What the scheduler appends to each request: the accepted drafts, then the
             # bonus token that anchors the next round.
+            from dspark_sglang.sglang_integration import sync_probe
+
             n = int(accept.shape[0])
-            history.append(batch.req_pool_indices[:n], result.next_token_ids.reshape(n, -1), accept)
+            with sync_probe.sync_free("DSparkMoeWorker.token_history"):
+                new = result.next_token_ids.reshape(n, -1)
+                self._keep_history(lambda: history.append(batch.req_pool_indices[:n], new, accept))
         return result
 
     def _verify_lens(self, cap_lens: torch.Tensor | None) -> torch.Tensor | int:

@@ -237,7 +237,8 @@ class GuardedPropose:
             proposal = self.fold(proposal, **kw)
         if self.context_copy is not None:
             try:
-                proposal = self.context_copy(proposal, **kw)
+                with sync_probe.sync_free("GuardedPropose.context_copy"):
+                    proposal = self.context_copy(proposal, **kw)
             except Exception as exc:  # copies are an aid: keep the drafter's drafts
                 self.context_copy = None
                 logger.warning(

@@ -144,6 +144,19 @@ def test_a_copier_without_its_history_raises() -> None:
         ProposalCopier(2, 0.5)(_proposal([[1, 2]]), batch=batch, bs=1)
 
 
+def test_a_failed_history_write_turns_copies_off_and_serving_goes_on() -> None:
+    from dspark_sglang.sglang_integration.dspark_moe_worker import DSparkMoeWorker
+
+    worker = DSparkMoeWorker.__new__(DSparkMoeWorker)
+    guard = SimpleNamespace(context_copy=object())
+    worker._proposer = SimpleNamespace(propose=guard)
+    worker._dspark_token_history = history = TokenHistory(rows=2, window=8, device="cpu")
+    worker._keep_history(lambda: history.write_texts(torch.tensor([1]), [[4, 5]]))
+    assert vars(worker)["_dspark_token_history"] is history and guard.context_copy is not None
+    worker._keep_history(lambda: history.write_texts(torch.tensor([9]), [[4, 5]]))  # no slot 9
+    assert vars(worker)["_dspark_token_history"] is None and guard.context_copy is None
+
+
 # --------------------------------------------------------------------------- engine
 
 

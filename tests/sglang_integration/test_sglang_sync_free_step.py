@@ -2,14 +2,16 @@
 
 The engine: DSPARK_MOE with SGLang's dense draft (random weights), ``cap-accept``
 ragged verify (per-request verify lengths, the confidence head exists), our
-``prefix`` policy (``DSPARK_SCHEDULER_CONFIG`` with a staircase cost table), NaN
+``prefix`` policy (``DSPARK_SCHEDULER_CONFIG`` with a staircase cost table) with 2-gram
+context copies, NaN
 fault injection on every 3rd draft forward (so non-finite rows are folded on the
 device), our Prometheus metrics in a multiprocess directory, no decision log (the
 one debug aid allowed to sync).
 
 ``DSPARK_TEST_SYNC_GUARD`` (test-only, ``sync_probe``) makes the worker, inside
 SGLang's scheduler process, run each of our per-step blocks (the planner hook's
-decision, the fault guard's fold, the per-step metrics update) with torch's
+decision, the fault guard's fold, the context copies and the token history they
+read, the per-step metrics update) with torch's
 read-back methods patched to raise, and report every entry to a file.
 
 Expected: generation completes with the target's greedy tokens; every block was
@@ -42,6 +44,8 @@ SITES = (
     "GuardedPropose.fold",
     "DSparkMoeWorker.step_metrics",
     "schedule_verify_lens_hook.plain_rows",
+    "GuardedPropose.context_copy",
+    "DSparkMoeWorker.token_history",
 )
 
 
@@ -70,7 +74,11 @@ def guarded_run(
     from_probes([(1, 100.0), (8, 90.0), (16, 70.0), (32, 40.0)], max_batch_tokens=64).save(table)
     cfg = tmp / "scheduler.yaml"
     SchedulerConfig(
-        block_size=4, policy="prefix", cost_table_path=str(table), sla_name="test"
+        block_size=4,
+        policy="prefix",
+        cost_table_path=str(table),
+        sla_name="test",
+        context_copy_ngram=2,
     ).save(cfg)
     report = tmp / "sync_guard.jsonl"
     prom = tmp / "prom"
