@@ -40,6 +40,7 @@ from dspark_sglang.scheduling.config import num_draft_tokens as draft_tokens_for
 
 __all__ = [
     "CONFIG_ENV",
+    "CPU_OVERLAP_ENV",
     "GREEDY_DRAFT_ENV",
     "GREEDY_STS_FILENAME",
     "RAGGED_MODE_ENV",
@@ -51,6 +52,7 @@ __all__ = [
     "check_ragged_mode",
     "check_server_args",
     "check_sts_block_size",
+    "cpu_overlap_kept",
     "drafter_block_size",
     "drafter_heads",
     "drafter_sts",
@@ -61,6 +63,8 @@ __all__ = [
 
 #: The scheduler config file the plugin reads (the chart mounts it per tier).
 CONFIG_ENV = "DSPARK_SCHEDULER_CONFIG"
+#: ``1`` keeps SGLang's overlap scheduler for DSPARK_MOE on CPU (unset or ``0``: off there).
+CPU_OVERLAP_ENV = "DSPARK_CPU_OVERLAP_SCHEDULE"
 #: SGLang's ragged-verify switch.
 RAGGED_MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 #: SGLang's argmax-draft switch (DSpark workers; a boolean, default off).
@@ -317,6 +321,17 @@ def check_config(
     note = greedy_draft_note(cfg, env, source)
     if note:
         logger.warning("%s", note)
+
+
+def cpu_overlap_kept(env: Mapping[str, str] | None = None) -> bool:
+    """Whether :data:`CPU_OVERLAP_ENV` keeps SGLang's overlap scheduler for DSPARK_MOE on CPU."""
+    value = (os.environ if env is None else env).get(CPU_OVERLAP_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise LaunchError(
+            f"{CPU_OVERLAP_ENV}={value!r}: use 1 (keep SGLang's overlap scheduler on CPU) or "
+            "0 (off there, the default)"
+        )
+    return value == "1"
 
 
 def scheduler_env(config_path: str | Path | None, *, greedy_draft: bool = False) -> dict[str, str]:

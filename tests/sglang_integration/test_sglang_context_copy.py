@@ -5,7 +5,8 @@ the requests' text from a ``TokenHistory``.
 
 With an engine: DSPARK_MOE with SGLang's dense draft (random weights, so its own
 drafts are essentially never accepted) and ``context_copy_ngram: 2`` under
-``verify_all``, with SGLang's overlap scheduler (DSPARK_MOE's default, on CPU too).
+``verify_all``, with SGLang's overlap scheduler (DSPARK_MOE's default on a GPU; kept
+on CPU here by ``DSPARK_CPU_OVERLAP_SCHEDULE=1``).
 Greedy output must be the target's token for token, and the accepted length must
 exceed 1 token per round: only copies can be accepted, so that is the copies working.
 Each request needs exactly the rounds that copies from its whole current text give
@@ -35,7 +36,7 @@ from dspark_sglang.sglang_integration import fallback
 from dspark_sglang.sglang_integration.context_copy import ProposalCopier
 from dspark_sglang.sglang_integration.dense_draft import write_dense_dspark_draft
 from dspark_sglang.sglang_integration.engine import cpu_engine, generate_outputs
-from dspark_sglang.sglang_integration.launch import scheduler_env
+from dspark_sglang.sglang_integration.launch import CPU_OVERLAP_ENV, scheduler_env
 from dspark_sglang.sglang_integration.token_history import TokenHistory
 
 dspark_draft = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_draft")
@@ -162,14 +163,16 @@ def test_a_failed_history_write_turns_copies_off_and_serving_goes_on() -> None:
 
 @pytest.fixture(scope="module")
 def copy_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """With SGLang's overlap scheduler, as DSPARK_MOE runs by default (on CPU too)."""
+    """With SGLang's overlap scheduler, as DSPARK_MOE runs on a GPU (kept on CPU by
+    ``DSPARK_CPU_OVERLAP_SCHEDULE=1``)."""
     tmp = tmp_path_factory.mktemp("context_copy")
     draft = write_dense_dspark_draft(smollm2_path, tmp / "draft")
     cfg = tmp / "scheduler.yaml"
     SchedulerConfig(block_size=4, policy="verify_all", sla_name="copy", context_copy_ngram=2).save(
         cfg
     )
-    with cpu_engine(dummy_draft_spec(smollm2_path, draft, scheduler_env(cfg))) as engine:
+    env = {**scheduler_env(cfg), CPU_OVERLAP_ENV: "1"}
+    with cpu_engine(dummy_draft_spec(smollm2_path, draft, env)) as engine:
         yield engine
 
 

@@ -100,3 +100,31 @@ def test_server_argument_resolution_refuses_the_tp_size() -> None:
     )
     with pytest.raises(launch.LaunchError, match=r"num_attention_heads=9 .* size 2"):
         algo.handle_server_args(args)
+
+
+@pytest.mark.parametrize(
+    ("device", "env", "in_step"),
+    [("cpu", None, True), ("cpu", "0", True), ("cpu", "1", False), ("cuda", None, False)],
+)
+def test_dspark_moe_runs_without_the_overlap_scheduler_on_cpu_unless_told(
+    device: str, env: str | None, in_step: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    from dspark_sglang.sglang_integration import dspark_moe
+
+    if env is None:
+        monkeypatch.delenv(launch.CPU_OVERLAP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(launch.CPU_OVERLAP_ENV, env)
+    args = ServerArgs(model_path="dummy", device=device)
+    dspark_moe._in_step_on_cpu(args, device)
+    assert resolving_view(args).disable_overlap_schedule is in_step
+
+
+def test_the_cpu_overlap_switch_takes_0_or_1() -> None:
+    assert launch.cpu_overlap_kept({launch.CPU_OVERLAP_ENV: "1"})
+    assert not launch.cpu_overlap_kept({})
+    with pytest.raises(launch.LaunchError, match="DSPARK_CPU_OVERLAP_SCHEDULE='yes': use 1"):
+        launch.cpu_overlap_kept({launch.CPU_OVERLAP_ENV: "yes"})

@@ -106,8 +106,15 @@ def guarded_run(
     with cpu_engine(spec) as engine:
         outs = generate_outputs(engine, prompts, NEW_TOKENS)
         samples = _read_metrics(prom)
+        in_step = engine.get_server_info()["disable_overlap_schedule"]
     rows = [json.loads(line) for line in report.read_text().splitlines()]
-    return {"outs": outs, "prompts": prompts, "rows": rows, "metrics": samples}
+    return {
+        "outs": outs,
+        "prompts": prompts,
+        "rows": rows,
+        "metrics": samples,
+        "in_step": in_step,
+    }
 
 
 def test_our_step_code_never_reads_back_and_was_entered(guarded_run: dict[str, Any]) -> None:
@@ -141,3 +148,7 @@ def test_greedy_output_is_the_targets(
     for i, (o, ref) in enumerate(zip(guarded_run["outs"], reference, strict=True)):
         assert list(o["output_ids"]) == ref, f"prompt {i} differs from the target's greedy output"
         assert o["meta_info"].get("spec_verify_ct", 0) > 0, f"prompt {i}: no verify ran"
+
+
+def test_on_cpu_dspark_moe_runs_without_the_overlap_scheduler(guarded_run: dict[str, Any]) -> None:
+    assert guarded_run["in_step"] is True
