@@ -23,6 +23,10 @@ SGLang unchanged. Each one closes one gap recorded in ``docs/sglang_integration.
 6. Non-greedy verify calls the Triton ``chain_speculative_sampling_triton`` even
    on SGLang's torch path; Triton has no CPU driver, so a temperature > 0 request
    killed the scheduler. CPU tensors go to our port (``cpu_sampling``).
+7. Sampled draft steps' random words: SGLang's CPU reference of its draft sampling
+   kernel recomputes the GPU's Philox words in int64 tensor arithmetic for the whole
+   vocabulary at every draft step; on CPU they come from torch's generator instead
+   (``cpu_draft_noise``; same law, not the GPU's bits).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 
 import torch
 
+from dspark_sglang.sglang_integration.cpu_draft_noise import TARGET as DRAFT_NOISE
+from dspark_sglang.sglang_integration.cpu_draft_noise import cpu_random_words
 from dspark_sglang.sglang_integration.cpu_sampling import TARGET as CHAIN_SAMPLING
 from dspark_sglang.sglang_integration.cpu_sampling import chain_sampling_cpu_tolerant
 
@@ -138,5 +144,6 @@ def install() -> bool:
         AMX_EXTEND_METADATA, amx_extend_metadata_for_chain_verify, HookType.AROUND
     )
     HookRegistry.register(CHAIN_SAMPLING, chain_sampling_cpu_tolerant, HookType.AROUND)
+    HookRegistry.register(DRAFT_NOISE, cpu_random_words, HookType.AROUND)
     logger.info("dspark_sglang: CPU bridges registered")
     return True

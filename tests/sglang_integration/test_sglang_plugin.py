@@ -37,6 +37,10 @@ def test_load_registers_cpu_bridges_and_has_amx() -> None:
             h is not None and h.__module__ == cpu_bridges.__name__
             for _, h, _ in HookRegistry._hooks[target]
         ), target
+    assert any(
+        h is cpu_bridges.cpu_random_words
+        for _, h, _ in HookRegistry._hooks[cpu_bridges.DRAFT_NOISE]
+    )
     from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
 
     assert "intel_amx" in DRAFT_ATTENTION_BACKEND_CHOICES
