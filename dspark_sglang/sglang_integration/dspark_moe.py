@@ -101,8 +101,8 @@ class DSparkMoeSpecAlgo(CustomSpecAlgo):
 
 def _in_step_on_cpu(server_args: Any, device: str) -> None:
     """SGLang's overlap scheduler off for DSPARK_MOE on CPU, as SGLang turns it off for its
-    other speculative algorithms there: on CPU it made DSPARK_MOE 4-9 % slower (the
-    round's host work competes with the forward for the same cores).
+    other speculative algorithms there: on CPU the round's host work competes with the
+    forward for the same cores, so the overlap slows the round.
     ``DSPARK_CPU_OVERLAP_SCHEDULE=1`` keeps it (``launch.CPU_OVERLAP_ENV``), e.g. to run
     the scheduling a GPU server gets. Declared as SGLang declares its own resolutions.
     """
