@@ -22,7 +22,7 @@ def install() -> None:
     from dspark_sglang.sglang_integration import (
         draft_checkpoint,
         dspark_moe,
-        greedy_step,
+        map_step,
         requests,
         round_profile,
         scheduler_bridge,
@@ -33,7 +33,7 @@ def install() -> None:
     draft_checkpoint.register_hf_config()
 
     dspark_moe.register()
-    greedy_step.install()
+    map_step.install()
     scheduler_bridge.install()
     requests.install()
     # Profiling aid: registers its timing hooks only when DSPARK_PROFILE_ROUNDS is set.

@@ -18,6 +18,11 @@ probability mass over the response positions (``mass``, ``response_token_mass``)
 full drafter instead, plus a greedy map of ``K`` tokens (``DSparkDrafter.with_greedy_vocab``):
 SGLang drafts over it only when it drafts by argmax (``SGLANG_DSPARK_USE_GREEDY_DRAFT=1``,
 greedy-only tiers) and over the whole vocabulary otherwise.
+
+``narrow_to_greedy_map`` ships a drafter that carries a greedy map narrowed to that map
+(``restricted_to``, no data needed): sampled requests then draft over it too. On a CPU
+engine that makes a sampled round cheaper (each draft step works in the map's columns,
+``sglang_integration/map_step.py``) for the drafter's mass outside the map.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class ExportResult:
     draft_vocab: dict[str, object] | None = None
     #: ``coverage_report`` of the greedy map the export added, if any.
     greedy_draft_vocab: dict[str, object] | None = None
+    #: Size of the source's greedy map the drafter was narrowed to (``narrow_to_greedy_map``).
+    narrowed_to_greedy_map: int | None = None
 
 
 def export_drafter(
@@ -61,6 +68,7 @@ def export_drafter(
     draft_vocab_data: Path | None = None,
     draft_vocab_by: str = "count",
     greedy_draft_vocab_size: int | None = None,
+    narrow_to_greedy_map: bool = False,
     progress: bool = False,
 ) -> ExportResult:
     """Export the DSpark/DFlash drafter at ``source`` to ``dest`` (see the module doc).
@@ -70,6 +78,15 @@ def export_drafter(
     (``CheckpointError`` included) or ``FileNotFoundError`` naming the flag and
     the fix, before anything is written.
     """
+    if narrow_to_greedy_map and (
+        draft_vocab_size is not None
+        or greedy_draft_vocab_size is not None
+        or draft_vocab_data is not None
+    ):
+        raise ValueError(
+            "--narrow-to-greedy-map uses the drafter's own greedy map: drop --draft-vocab-size, "
+            "--greedy-draft-vocab-size and --draft-vocab-data"
+        )
     if draft_vocab_size is not None and greedy_draft_vocab_size is not None:
         raise ValueError(
             "--draft-vocab-size and --greedy-draft-vocab-size exclude each other: the first "
@@ -152,6 +169,16 @@ def export_drafter(
             except ValueError as exc:  # the source drafter is already narrowed
                 raise ValueError(f"{flag}: {exc}") from exc
             greedy_coverage = coverage_report(counts, vocab, mass)
+    narrowed_to = None
+    if narrow_to_greedy_map:
+        greedy_map = drafter.greedy_vocab
+        if greedy_map is None:
+            raise ValueError(
+                f"--narrow-to-greedy-map: the drafter at {ckpt.folder} carries no greedy map; "
+                "narrow it with --draft-vocab-size K --draft-vocab-data DIR instead"
+            )
+        drafter = drafter.restricted_to(greedy_map)
+        narrowed_to = greedy_map.size
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--to {dest} is a file; give a folder")
     for name in EXPORTED_FILES:
@@ -163,4 +190,6 @@ def export_drafter(
         shutil.copyfile(sts_greedy, dest / GREEDY_STS_FILENAME)
     size = sum(dest.joinpath(n).stat().st_size for n in EXPORTED_FILES if (dest / n).is_file())
     kept = tuple(sorted(p.name for p in dest.iterdir() if p.name not in EXPORTED_FILES))
-    return ExportResult(ckpt.kind, ckpt.folder, dest, size, kept, coverage, greedy_coverage)
+    return ExportResult(
+        ckpt.kind, ckpt.folder, dest, size, kept, coverage, greedy_coverage, narrowed_to
+    )

@@ -396,8 +396,18 @@ def _base_and_bias(
     return model, base.float(), torch.cat([bias, bias2]).float()
 
 
-def _draft_blocks(model: Any, base: torch.Tensor, anchor: torch.Tensor, hidden: torch.Tensor):
-    """SGLang's argmax draft loop over ``base`` ``[N, B, V]``: its own step, then ours."""
+def _draft_blocks(
+    model: Any,
+    base: torch.Tensor,
+    anchor: torch.Tensor,
+    hidden: torch.Tensor,
+    temperatures: torch.Tensor | None = None,
+):
+    """SGLang's draft loop over ``base`` ``[N, B, V]``: its own step, then ours.
+
+    Argmax drafts without ``temperatures`` (returns the two token blocks); sampled drafts
+    at ``temperatures`` ``[N]`` with them (returns ``(tokens, step logits)`` pairs).
+    """
     import functools
     import inspect
 
@@ -405,21 +415,25 @@ def _draft_blocks(model: Any, base: torch.Tensor, anchor: torch.Tensor, hidden: 
     from sglang.srt.speculative.dspark_components import dspark_draft
     from sglang.srt.speculative.spec_tp_sync import SpecTpSync
 
-    from dspark_sglang.sglang_integration.greedy_step import reduced_greedy_step
+    from dspark_sglang.sglang_integration.map_step import step_in_map
 
-    def block() -> torch.Tensor:
+    greedy = temperatures is None
+
+    def block() -> Any:
         tokens, logits = dspark_draft.draft_markov_block(
             markov_head=model.markov_head,
             base_logits=base,
             anchor_tokens=anchor,
             draft_hidden=hidden,
-            step_temperatures=torch.zeros(anchor.numel()),
+            step_temperatures=torch.zeros(anchor.numel()) if greedy else temperatures,
             noise=dspark_draft.DraftNoise(key=1, offset=torch.zeros(1, dtype=torch.int64)),
             tp_sync=SpecTpSync(get_parallel().tp_group),
-            greedy_draft=True,
+            greedy_draft=greedy,
         )
-        assert logits is None
-        return tokens
+        if greedy:
+            assert logits is None
+            return tokens
+        return tokens, logits
 
     current = dspark_draft._draft_step  # wrapped by our hook if this process loaded the plugin
     sglang_step = inspect.unwrap(current)
@@ -427,7 +441,7 @@ def _draft_blocks(model: Any, base: torch.Tensor, anchor: torch.Tensor, hidden: 
         with torch.inference_mode():
             dspark_draft._draft_step = sglang_step
             want = block()
-            dspark_draft._draft_step = functools.partial(reduced_greedy_step, sglang_step)
+            dspark_draft._draft_step = functools.partial(step_in_map, sglang_step)
             got = block()
     finally:
         dspark_draft._draft_step = current
@@ -443,11 +457,11 @@ def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
     markov: str,
     dtype: torch.dtype,
 ) -> None:
-    """The argmax step in the map's columns (``greedy_step``) against SGLang's own step,
+    """The argmax step in the map's columns (``map_step``) against SGLang's own step,
     through SGLang's draft loop: the same drafts, also at exact ties, where the lowest
     target id must win, and on rows with NaNs, where the first NaN must win."""
-    from dspark_sglang.sglang_integration.greedy_step import applies
     from dspark_sglang.sglang_integration.launch import GREEDY_DRAFT_ENV
+    from dspark_sglang.sglang_integration.map_step import applies
 
     monkeypatch.setenv(GREEDY_DRAFT_ENV, "1")
     drafter = _drafter(_config(markov_head_type=markov))
@@ -484,6 +498,52 @@ def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
     assert torch.equal(got, want)
     assert bool((got[1] == ids[0]).all())
     assert set(got.flatten().tolist()) <= set(ids.tolist())
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampled_step_in_the_map_keeps_sglangs_step_logits(
+    sglang_runtime: None, tmp_path: Path, markov: str, dtype: torch.dtype
+) -> None:
+    """A reduced-vocabulary drafter's sampled draft through SGLang's draft loop, SGLang's own
+    step against ours (``map_step``): the step logits verification reads are equal bit for
+    bit at every position, rows at temperature 0 draft the same tokens, and every sampled
+    draft is a mapped token. (That ours samples ``softmax(logits / T)``:
+    ``test_sglang_map_step.py``.)"""
+    from dspark_sglang.sglang_integration.map_step import applies_sampled
+
+    drafter = _drafter(_config(markov_head_type=markov))
+    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
+    model = _sglang_model(save_drafter(drafter.restricted_to(vocab), tmp_path / "narrowed"))
+    model.attach_shared_modules(
+        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    )
+    model.to(dtype)
+    gen = torch.Generator().manual_seed(7)
+    n = 6
+    hidden = torch.randn(n * BLOCK, HIDDEN, generator=gen).to(dtype)
+    anchor = torch.randint(0, VOCAB, (n,), generator=gen)
+    with torch.inference_mode():
+        base, _ = model.compute_base_logits(hidden)
+    base = base.view(n, BLOCK, -1).clone()
+    assert applies_sampled(model.markov_head, base[:, 0], torch.empty_like(base[:, 0]))
+    temperatures = torch.tensor([1.0, 0.0, 0.7, 0.0, 1.3, 1.0])
+    # Greedy rows only draft the same tokens as SGLang's step when they see the same
+    # previous tokens, which a sampled row does not: compare the rows at temperature 0.
+    (want, want_logits), (got, got_logits) = _draft_blocks(
+        model, base, anchor, hidden.view(n, BLOCK, -1), temperatures
+    )
+    assert got_logits.dtype == want_logits.dtype and got_logits.shape == want_logits.shape
+    greedy_rows = temperatures == 0
+    assert torch.equal(got[greedy_rows], want[greedy_rows])
+    assert torch.equal(got_logits[greedy_rows], want_logits[greedy_rows])
+    assert set(got.flatten().tolist()) <= set(vocab.ids.tolist())
+    # The sampled rows' logits: the same numbers wherever both loops drew the same previous
+    # token (the Markov bias depends on it); the first position depends on the anchor only.
+    assert torch.equal(got_logits[:, 0], want_logits[:, 0])
+    same_prev = torch.cat([torch.ones(n, 1, dtype=torch.bool), got[:, :-1] == want[:, :-1]], 1)
+    if markov == "vanilla":  # a stateless head: only the previous token matters
+        assert torch.equal(got_logits[same_prev], want_logits[same_prev])
 
 
 @pytest.mark.parametrize("markov", ["vanilla", "rnn"])

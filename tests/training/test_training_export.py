@@ -219,3 +219,42 @@ def test_export_ships_the_full_drafter_with_a_greedy_map_of_the_data(
     assert eos and set(eos) <= set(shipped.greedy_vocab.ids.tolist())
     expected = DraftVocab.from_counts(mass, 16, always=eos)
     assert torch.equal(shipped.greedy_vocab.ids, expected.ids)
+
+
+def test_export_narrows_a_drafter_to_its_own_greedy_map(
+    tiny_run: Path,
+    tiny_data_dir: Path,
+    target_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--narrow-to-greedy-map``: sampled drafts over the map a greedy tier drafts over."""
+    common = ["--target", str(target_dir), "--dtype", "float32"]
+    with_map = tmp_path / "with_map"
+    source = ["export-drafter", "--from", str(tiny_run), "--to", str(with_map), *common]
+    rc = main(
+        [*source, "--greedy-draft-vocab-size", "16", "--draft-vocab-data", str(tiny_data_dir)]
+    )
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    narrowed = tmp_path / "narrowed"
+    narrow = ["export-drafter", "--to", str(narrowed), *common, "--narrow-to-greedy-map"]
+    rc = main([*narrow, "--from", str(tiny_run)])
+    assert rc == 2 and "carries no greedy map" in capsys.readouterr().err
+    rc = main([*narrow, "--from", str(with_map), "--draft-vocab-size", "8"])
+    assert rc == 2 and "drop --draft-vocab-size" in capsys.readouterr().err
+    assert not narrowed.exists()
+    rc = main([*narrow, "--from", str(with_map)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "token map: the drafter's 16-token greedy map" in printed.out
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    source = load_drafter(with_map, spec, emb, head)
+    shipped = load_drafter(narrowed, spec, emb, head)
+    assert shipped.config.greedy_draft_vocab_size is None and shipped.draft_vocab is not None
+    assert torch.equal(shipped.draft_vocab.ids, source.greedy_vocab.ids)
+    want = source.restricted_to(source.greedy_vocab).state_dict()
+    for name, t in shipped.state_dict().items():
+        assert torch.equal(t, want[name]), name
