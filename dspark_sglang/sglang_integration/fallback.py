@@ -61,15 +61,21 @@ PLAIN_ROWS_ATTR = "dspark_moe_plain_rows"
 
 def non_finite_rows(proposal: Any, bs: int) -> torch.Tensor:
     """``[bs]`` bool (on the proposal's device): rows whose confidences or draft
-    logits hold a non-finite value. Torch ops only, no host read."""
+    logits hold a non-finite value. Torch ops only, no host read.
+
+    One reduction per row: a NaN or an infinity makes the row's float32 sum non-finite
+    (``inf - inf`` is NaN). So does a sum that overflows float32, which only finite values
+    beyond any logit's range can reach; such a row takes the placeholder too, which is
+    always safe.
+    """
     bad = torch.zeros(bs, dtype=torch.bool, device=proposal.draft_block.draft_tokens.device)
     for t in (
         getattr(proposal, "confidence", None),
         getattr(proposal.draft_block, "corrected_logits", None),
     ):
         if t is not None and t.is_floating_point():
-            rows = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
-            bad = bad | rows[:bs].to(bad.device)
+            sums = t.reshape(t.shape[0], -1).sum(dim=1, dtype=torch.float32)
+            bad = bad | ~torch.isfinite(sums[:bs]).to(bad.device)
     return bad
 
 
@@ -97,8 +103,13 @@ def fold_rows(
     new_tokens = torch.where(row, anchor_col, tokens)
     logits = block.corrected_logits
     if logits is not None:
-        placeholder = one_hot_logits(logits, anchor_col.expand(-1, logits.shape[1]))
-        logits = torch.where(bad.view(-1, 1, 1), placeholder, logits)
+        # one_hot_logits on the bad rows, built in one pass over the logits: the lowest
+        # value everywhere, then 0 at the anchor (the other rows keep their own values).
+        bad_rows = bad.view(-1, 1, 1)
+        anchor_idx = anchor_col.to(torch.int64).expand(-1, logits.shape[1]).unsqueeze(-1)
+        logits = logits.masked_fill(bad_rows, torch.finfo(logits.dtype).min)
+        at_anchor = logits.gather(-1, anchor_idx)
+        logits.scatter_(-1, anchor_idx, torch.where(bad_rows, 0.0, at_anchor))
     new_block = msgspec.structs.replace(block, draft_tokens=new_tokens, corrected_logits=logits)
     changes: dict[str, Any] = {"draft_block": new_block}
     verify_ids = getattr(proposal, "verify_ids", None)

@@ -47,6 +47,21 @@ def test_non_finite_rows_are_detected_per_request() -> None:
         p, confidence=torch.tensor([[0.5, 0.5, 0.1], [0.5, float("inf"), 0.1]])
     )
     assert fallback.non_finite_rows(inf, 2).tolist() == [False, True]
+    # Draft logits: one -inf, or +inf and -inf (whose sum is NaN), flag their row; a row
+    # of finite values as low as the off-map logit (-1e30) does not.
+    logits = torch.full((3, 3, 10), -1e30)
+    logits[0, 1, 2] = float("-inf")
+    logits[1, 0, 0], logits[1, 2, 9] = float("inf"), float("-inf")
+    block = msgspec.structs.replace(p.draft_block, corrected_logits=logits)
+    assert fallback.non_finite_rows(msgspec.structs.replace(p, draft_block=block), 2).tolist() == [
+        True,
+        True,
+    ]
+    block = msgspec.structs.replace(p.draft_block, corrected_logits=logits[2:].expand(2, 3, 10))
+    assert fallback.non_finite_rows(msgspec.structs.replace(p, draft_block=block), 2).tolist() == [
+        False,
+        False,
+    ]
 
 
 def _sampled_proposal() -> object:
