@@ -448,6 +448,28 @@ def _draft_blocks(
     return want, got
 
 
+def _mapped_case(
+    tmp_path: Path, markov: str, dtype: torch.dtype, *, greedy_map: bool, seed: int, n: int = 6
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A drafter with a 40-token map as SGLang's class (a greedy map, or narrowed to the map)
+    and draft inputs: ``(model, map ids, base logits [n, B, V], anchors [n], hidden [n, B, H])``.
+    """
+    drafter = _drafter(_config(markov_head_type=markov))
+    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
+    shipped = drafter.with_greedy_vocab(vocab) if greedy_map else drafter.restricted_to(vocab)
+    model = _sglang_model(save_drafter(shipped, tmp_path / "mapped"))
+    model.attach_shared_modules(
+        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    )
+    model.to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n * BLOCK, HIDDEN, generator=gen).to(dtype)
+    anchor = torch.randint(0, VOCAB, (n,), generator=gen)
+    with torch.inference_mode():
+        base, _ = model.compute_base_logits(hidden)
+    return model, vocab.ids, base.view(n, BLOCK, -1).clone(), anchor, hidden.view(n, BLOCK, -1)
+
+
 @pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
@@ -464,22 +486,10 @@ def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
     from dspark_sglang.sglang_integration.map_step import applies
 
     monkeypatch.setenv(GREEDY_DRAFT_ENV, "1")
-    drafter = _drafter(_config(markov_head_type=markov))
-    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
-    model = _sglang_model(save_drafter(drafter.with_greedy_vocab(vocab), tmp_path / "greedy"))
-    model.attach_shared_modules(
-        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    model, ids, base, anchor, hidden = _mapped_case(
+        tmp_path, markov, dtype, greedy_map=True, seed=5
     )
-    model.to(dtype)
     assert applies(model.markov_head, None) and not applies(model.markov_head, torch.zeros(1))
-    gen = torch.Generator().manual_seed(5)
-    n = 6
-    hidden = torch.randn(n * BLOCK, HIDDEN, generator=gen).to(dtype)
-    anchor = torch.randint(0, VOCAB, (n,), generator=gen)
-    with torch.inference_mode():
-        base, _ = model.compute_base_logits(hidden)
-    base = base.view(n, BLOCK, -1).clone()
-    ids = vocab.ids
     # Row 1: exact ties over the whole map at every position (the bias decides, and where
     # it ties too the lowest id wins). Row 2: coarse values, many ties. Row 3: NaNs.
     # Row 4: every mapped base at 256, where bfloat16's step is 2: base + bias ties only
@@ -488,13 +498,13 @@ def test_reduced_greedy_step_drafts_what_sglangs_step_drafts(
     base[2][:, ids] = (base[2][:, ids].float() * 0.5).round().to(dtype)
     base[3, 1, ids[[7, 3]]] = float("nan")
     base[4][:, ids] = 256.0
-    want, got = _draft_blocks(model, base, anchor, hidden.view(n, BLOCK, -1))
+    want, got = _draft_blocks(model, base, anchor, hidden)
     assert torch.equal(got, want)
     assert int(got[3, 1]) == int(ids[3])  # the first NaN of the row
     # With a zero W2 every mapped token ties at every position of row 1: the lowest id.
     with torch.no_grad():
         model.markov_head.markov_w2.weight.zero_()
-    want, got = _draft_blocks(model, base, anchor, hidden.view(n, BLOCK, -1))
+    want, got = _draft_blocks(model, base, anchor, hidden)
     assert torch.equal(got, want)
     assert bool((got[1] == ids[0]).all())
     assert set(got.flatten().tolist()) <= set(ids.tolist())
@@ -512,32 +522,22 @@ def test_sampled_step_in_the_map_keeps_sglangs_step_logits(
     ``test_sglang_map_step.py``.)"""
     from dspark_sglang.sglang_integration.map_step import applies_sampled
 
-    drafter = _drafter(_config(markov_head_type=markov))
-    vocab = DraftVocab(torch.randperm(VOCAB)[:40].sort().values, VOCAB)
-    model = _sglang_model(save_drafter(drafter.restricted_to(vocab), tmp_path / "narrowed"))
-    model.attach_shared_modules(
-        embed_tokens=drafter.embed_tokens, lm_head=_lm_head(drafter.lm_head)
+    model, ids, base, anchor, hidden = _mapped_case(
+        tmp_path, markov, dtype, greedy_map=False, seed=7
     )
-    model.to(dtype)
-    gen = torch.Generator().manual_seed(7)
-    n = 6
-    hidden = torch.randn(n * BLOCK, HIDDEN, generator=gen).to(dtype)
-    anchor = torch.randint(0, VOCAB, (n,), generator=gen)
-    with torch.inference_mode():
-        base, _ = model.compute_base_logits(hidden)
-    base = base.view(n, BLOCK, -1).clone()
+    n = base.shape[0]
     assert applies_sampled(model.markov_head, base[:, 0], torch.empty_like(base[:, 0]))
     temperatures = torch.tensor([1.0, 0.0, 0.7, 0.0, 1.3, 1.0])
     # Greedy rows only draft the same tokens as SGLang's step when they see the same
     # previous tokens, which a sampled row does not: compare the rows at temperature 0.
     (want, want_logits), (got, got_logits) = _draft_blocks(
-        model, base, anchor, hidden.view(n, BLOCK, -1), temperatures
+        model, base, anchor, hidden, temperatures
     )
     assert got_logits.dtype == want_logits.dtype and got_logits.shape == want_logits.shape
     greedy_rows = temperatures == 0
     assert torch.equal(got[greedy_rows], want[greedy_rows])
     assert torch.equal(got_logits[greedy_rows], want_logits[greedy_rows])
-    assert set(got.flatten().tolist()) <= set(vocab.ids.tolist())
+    assert set(got.flatten().tolist()) <= set(ids.tolist())
     # The sampled rows' logits: the same numbers wherever both loops drew the same previous
     # token (the Markov bias depends on it); the first position depends on the anchor only.
     assert torch.equal(got_logits[:, 0], want_logits[:, 0])

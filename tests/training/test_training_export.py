@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,6 +33,13 @@ def target_dir(tiny_target_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     path = tmp_path_factory.mktemp("models") / "tiny"
     shutil.copytree(tiny_target_dir, path)
     return path
+
+
+def _loaded(target_dir: Path, folder: Path) -> Any:
+    """The drafter saved in ``folder``, loaded onto the tiny target."""
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
+    return load_drafter(folder, spec, model.get_input_embeddings(), model.get_output_embeddings())
 
 
 def _sts(path: Path, block: int) -> Path:
@@ -248,11 +256,7 @@ def test_export_narrows_a_drafter_to_its_own_greedy_map(
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     assert "token map: the drafter's 16-token greedy map" in printed.out
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
-    spec = TargetSpec.from_hf_config(model.config, name=target_dir.name)
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    source = load_drafter(with_map, spec, emb, head)
-    shipped = load_drafter(narrowed, spec, emb, head)
+    source, shipped = (_loaded(target_dir, folder) for folder in (with_map, narrowed))
     assert shipped.config.greedy_draft_vocab_size is None and shipped.draft_vocab is not None
     assert torch.equal(shipped.draft_vocab.ids, source.greedy_vocab.ids)
     want = source.restricted_to(source.greedy_vocab).state_dict()
