@@ -46,6 +46,11 @@ def generator_for(key: int) -> torch.Generator:
     return gen
 
 
+def random_words(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """int64 words of ``shape``, independent and uniform on ``[0, 2**32)``, from ``generator``."""
+    return torch.randint(0, _WORD, shape, generator=generator, dtype=torch.int64)
+
+
 def cpu_random_words(
     original: Callable[..., Any], key: int, *counters: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
@@ -55,10 +60,9 @@ def cpu_random_words(
     The counters only give the shape here (row, vocabulary quad, step, block). CUDA
     counters, or anything else than four tensors, go to SGLang's Philox.
     """
-    if len(counters) != 4 or not all(isinstance(c, torch.Tensor) for c in counters):
-        return original(key, *counters)
-    if any(c.is_cuda for c in counters):
+    if len(counters) != 4 or not all(
+        isinstance(c, torch.Tensor) and not c.is_cuda for c in counters
+    ):
         return original(key, *counters)
     shape = torch.broadcast_shapes(*(c.shape for c in counters))
-    words = torch.randint(0, _WORD, (4, *shape), generator=generator_for(key), dtype=torch.int64)
-    return tuple(words.unbind(0))
+    return tuple(random_words((4, *shape), generator_for(key)).unbind(0))

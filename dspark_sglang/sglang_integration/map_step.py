@@ -42,12 +42,10 @@ from typing import Any
 
 import torch
 
-from dspark_sglang.sglang_integration.cpu_draft_noise import generator_for
+from dspark_sglang.sglang_integration.cpu_draft_noise import generator_for, random_words
 
 #: SGLang's per-position draft step, wrapped by :func:`step_in_map`.
 DRAFT_STEP = "sglang.srt.speculative.dspark_components.dspark_draft._draft_step"
-
-_WORD = 1 << 32
 
 
 def applies(markov_head: Any, logits_out: torch.Tensor | None) -> bool:
@@ -119,8 +117,7 @@ def sample_in_map(
     logits_out.copy_(base_logits)
     logits_out.index_copy_(1, ids, value)
     value = value.float()
-    words = torch.randint(0, _WORD, value.shape, generator=generator, dtype=torch.int64)
-    uniform = (words.float() + 0.5) * (1.0 / _WORD)
+    uniform = (random_words(tuple(value.shape), generator).float() + 0.5) * 2.0**-32
     sampled = temperatures != 0
     scale = torch.where(sampled, temperatures, 1.0)[:, None]
     noised = value / scale - torch.log(-torch.log1p(-uniform))
