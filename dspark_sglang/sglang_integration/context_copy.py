@@ -83,8 +83,8 @@ class ProposalCopier:
         new_tokens[:bs] = copies.tokens.to(tokens.dtype)
         logits = block.corrected_logits
         if logits is not None:
-            hot = one_hot_logits(logits, new_tokens[: logits.shape[0]])
-            logits = torch.where(copied[: logits.shape[0]].unsqueeze(-1), hot, logits)
+            rows = logits.shape[0]
+            logits = one_hot_logits(logits, new_tokens[:rows], copied[:rows])
         changes: dict[str, Any] = {
             "draft_block": msgspec.structs.replace(
                 block, draft_tokens=new_tokens, corrected_logits=logits

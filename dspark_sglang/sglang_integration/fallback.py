@@ -79,10 +79,17 @@ def non_finite_rows(proposal: Any, bs: int) -> torch.Tensor:
     return bad
 
 
-def one_hot_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits whose softmax (any temperature > 0) is one-hot on ``tokens`` ``[N, G]``."""
-    low = torch.full_like(logits, torch.finfo(logits.dtype).min)
-    return low.scatter_(-1, tokens.unsqueeze(-1).to(torch.int64), 0.0)
+def one_hot_logits(logits: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[N, G, V]`` with the slots in ``where`` made one-hot on ``tokens`` ``[N, G]``.
+
+    A chosen slot's softmax (any temperature > 0) puts all its mass on its token: the
+    lowest value everywhere, 0 at the token. Every other slot keeps its values. ``where``
+    is ``[N, G]`` (per slot) or ``[N]`` (whole rows). One pass over the logits.
+    """
+    chosen = where.reshape(*where.shape, *([1] * (logits.dim() - where.dim())))
+    index = tokens.to(torch.int64).unsqueeze(-1)
+    out = logits.masked_fill(chosen, torch.finfo(logits.dtype).min)
+    return out.scatter_(-1, index, torch.where(chosen, 0.0, out.gather(-1, index)))
 
 
 def fold_rows(
@@ -103,13 +110,7 @@ def fold_rows(
     new_tokens = torch.where(row, anchor_col, tokens)
     logits = block.corrected_logits
     if logits is not None:
-        # one_hot_logits on the bad rows, built in one pass over the logits: the lowest
-        # value everywhere, then 0 at the anchor (the other rows keep their own values).
-        bad_rows = bad.view(-1, 1, 1)
-        anchor_idx = anchor_col.to(torch.int64).expand(-1, logits.shape[1]).unsqueeze(-1)
-        logits = logits.masked_fill(bad_rows, torch.finfo(logits.dtype).min)
-        at_anchor = logits.gather(-1, anchor_idx)
-        logits.scatter_(-1, anchor_idx, torch.where(bad_rows, 0.0, at_anchor))
+        logits = one_hot_logits(logits, anchor_col.expand(-1, logits.shape[1]), bad)
     new_block = msgspec.structs.replace(block, draft_tokens=new_tokens, corrected_logits=logits)
     changes: dict[str, Any] = {"draft_block": new_block}
     verify_ids = getattr(proposal, "verify_ids", None)
