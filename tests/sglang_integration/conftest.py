@@ -103,9 +103,11 @@ def _verify_all_engine_outputs(
     prompts: list[list[int]],
     n: int,
     env: dict[str, str] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``drafter`` saved with ``save_drafter`` and run by DSPARK_MOE, every slot verified
-    (``env``: more of the engine's environment)."""
+    (``env``: more of the engine's environment; ``sampling``: request parameters over
+    ``generate_outputs``' greedy ones). The engine's seed is fixed."""
     from dspark_sglang.model import save_drafter
     from dspark_sglang.sglang_integration.engine import (
         CpuEngineSpec,
@@ -119,12 +121,13 @@ def _verify_all_engine_outputs(
         overrides={
             "speculative_algorithm": "DSPARK_MOE",
             "speculative_draft_model_path": str(folder),
+            "random_seed": 0,
         },
         # Verify every drafted slot, as ReferenceGenerator's VerifyAll does.
         env={"SGLANG_RAGGED_VERIFY_MODE": "static", **(env or {})},
     )
     with cpu_engine(spec) as engine:
-        return generate_outputs(engine, prompts, n)
+        return generate_outputs(engine, prompts, n, sampling)
 
 
 def _greedy_verify_all_reference(
@@ -141,8 +144,8 @@ def _greedy_verify_all_reference(
 
 @pytest.fixture(scope="session")
 def verify_all_engine_outputs() -> Any:
-    """``run(model_path, drafter, workdir, prompts, n, env=None)`` -> DSPARK_MOE outputs
-    (meta_info)."""
+    """``run(model_path, drafter, workdir, prompts, n, env=None, sampling=None)`` ->
+    DSPARK_MOE outputs (meta_info)."""
     return _verify_all_engine_outputs
 
 

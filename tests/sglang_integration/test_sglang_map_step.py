@@ -88,34 +88,23 @@ def test_a_narrowed_drafter_serves_sampled_requests_through_sglangs_engine(
     prompt_ids: list[list[int]],
     hf_reference: list[list[int]],
     shaped_drafter: Any,
+    verify_all_engine_outputs: Any,
     tmp_path: Path,
 ) -> None:
     """DSPARK_MOE with a drafter narrowed to a token map, sampled requests at temperature 1
     (SGLang's rejection sampling; each draft step in the map's columns on this CPU engine):
     every request gets all its tokens and drafts from the map are accepted."""
-    from dspark_sglang.model import save_drafter
     from dspark_sglang.model.vocab import DraftVocab
-    from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
     from dspark_sglang.targets.hf_target import HFTarget
 
     target = HFTarget(smollm2_path)
     drafter = shaped_drafter(target, draft_vocab_size=MAP_TOKENS)
     seen = torch.tensor([t for row in prompt_ids + hf_reference for t in row])
     counts = torch.bincount(seen, minlength=target.spec.vocab_size)
-    vocab = DraftVocab.from_counts(counts, MAP_TOKENS, always=target.eos_token_ids)
-    drafter.set_draft_vocab(vocab)
-    folder = save_drafter(drafter, tmp_path / "draft")
-    spec = CpuEngineSpec(
-        model_path=str(smollm2_path),
-        overrides={
-            "speculative_algorithm": "DSPARK_MOE",
-            "speculative_draft_model_path": str(folder),
-            "random_seed": 0,
-        },
-        env={"SGLANG_RAGGED_VERIFY_MODE": "static"},
+    drafter.set_draft_vocab(DraftVocab.from_counts(counts, MAP_TOKENS, always=target.eos_token_ids))
+    outs = verify_all_engine_outputs(
+        smollm2_path, drafter, tmp_path, prompt_ids, ENGINE_TOKENS, sampling={"temperature": 1.0}
     )
-    with cpu_engine(spec) as engine:
-        outs = generate_outputs(engine, prompt_ids, ENGINE_TOKENS, {"temperature": 1.0})
     accepted = 0
     for i, o in enumerate(outs):
         assert len(o["output_ids"]) == ENGINE_TOKENS, f"prompt {i}"
