@@ -23,8 +23,9 @@ at a time, as ``dspark-sglang demo --engine sglang`` runs them:
   turns (DSPARK_MOE, plain, plain, DSPARK_MOE, ...: ``engine_process.turns``), so the
   machine's drift over minutes hits both alike; only a pass's steps count (two
   snapshots of the running totals, subtracted). Repeat ``r`` pairs pass ``r`` of both
-  engines. Later passes hit the radix cache for the prompt's prefill, which no decode
-  step depends on.
+  engines. Every pass starts from an empty radix cache (as the demo's), so every pass
+  computes the same text: in bfloat16 a cached prompt's shorter prefill can flip a
+  near-tie.
 
 Reported per phase: mean ms per round, share of the round, and the same in plain decode
 steps; the round / plain step ratio; accepted tokens per round (SGLang's
@@ -281,6 +282,7 @@ def run_engines(
     """Start the engines (``specs``, in order, each profiling into ``paths[name]``), alive
     together; ``passes`` timed passes of each over the prompts in turns, ``concurrency``
     requests in one batch at a time, each pass its own snapshot difference."""
+    from dspark_sglang.sglang_integration.demo import flush_radix_cache
     from dspark_sglang.sglang_integration.demo_report import EngineRun
     from dspark_sglang.sglang_integration.engine import generate_outputs, timed_in_batches
     from dspark_sglang.sglang_integration.engine_process import engine_processes, turns
@@ -293,6 +295,10 @@ def run_engines(
             engine, path = engines[name], paths[name]
             label = specs[name].overrides.get("speculative_algorithm", "plain")
             startup = round(engine.startup_s or 0.0, 1)
+            # Every pass from an empty radix cache, as the demo's: a later pass would
+            # otherwise prefill only its prompts' last token, another kernel path whose
+            # bfloat16 rounding can flip a near-tie, and no longer compute the first's text.
+            engine.call(flush_radix_cache)
             before = settled_snapshot(path)
             wall, outputs = engine.call(timed_in_batches, prompts, new, concurrency)
             after = settled_snapshot(path)
@@ -440,8 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "order": "one DSPARK_MOE engine and one plain engine, each in its own "
                 "process, started in that order and alive together (sleep_on_idle); each: "
                 "an untimed warm-up request (8 tokens), then --repeats timed passes over "
-                "the prompts, the engines in turns (engine_process.turns); repeat r pairs "
-                "pass r of both engines",
+                "the prompts, each from an empty radix cache, the engines in turns "
+                "(engine_process.turns); repeat r pairs pass r of both engines",
                 "profiling": f"{rp.ENV} (dspark_sglang/sglang_integration/round_profile.py)",
                 "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
             },

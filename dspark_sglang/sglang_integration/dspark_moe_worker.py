@@ -83,7 +83,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
             self._dspark_metrics = metrics.StepMetrics(int(self.gamma), self.device)
         if getattr(self, "_proposer", None) is not None:
             # An instance attribute on our worker's own proposer: SGLang's class is untouched.
-            self._proposer.propose = fallback.GuardedPropose(
+            # Kept on the worker too: a profiling wrapper may later replace ``propose``,
+            # and context copies must still reach the guard (``_fault_guard``).
+            self._dspark_guard = self._proposer.propose = fallback.GuardedPropose(
                 self._proposer.propose,
                 self._proposer,
                 self._verify_planner,
@@ -153,8 +155,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
             write()
         except Exception as exc:
             self._dspark_token_history = None
-            guard = getattr(vars(self).get("_proposer"), "propose", None)
-            if guard is not None and hasattr(guard, "context_copy"):
+            guard = _fault_guard(self)
+            if guard is not None:
                 guard.context_copy = None
             logger.warning(
                 "DSPARK_MOE: the token history context copies read failed (%s: %s); serving "
@@ -355,19 +357,39 @@ def _check_draft_heads(target_worker: Any) -> None:
     )
 
 
+def _fault_guard(worker: Any) -> Any:
+    """The worker's fault guard around ``propose`` (``fallback.GuardedPropose``), or None.
+
+    Read from the worker, not from ``proposer.propose``: the round profiler
+    (``round_profile``) wraps ``propose`` in a timer after the guard is made, and a
+    policy with a start-up cost table is installed later still (``init_cuda_graphs``).
+    Read through ``vars``: SGLang's worker resolves missing attributes itself.
+    """
+    return vars(worker).get("_dspark_guard")
+
+
 def _install_context_copy(worker: Any, config: Any) -> None:
     """Context copies after the drafter's block (``context_copy``), if ``config`` asks.
 
     The worker's fault guard around ``propose`` applies them; a worker without one (no
-    proposer) gets none. The copier reads the worker's token history, which
-    :func:`_attach_token_history` creates once the request pool exists. Read through
-    ``vars``: SGLang's worker resolves missing attributes itself.
+    proposer) gets none, and one with a proposer but no guard says so. The copier reads
+    the worker's token history, which :func:`_attach_token_history` creates once the
+    request pool exists.
     """
     from dspark_sglang.sglang_integration.context_copy import ProposalCopier
 
     ngram = int(config.context_copy_ngram)
-    guard = getattr(vars(worker).get("_proposer"), "propose", None)
-    if not ngram or guard is None or not hasattr(guard, "context_copy"):
+    if not ngram:
+        return
+    guard = _fault_guard(worker)
+    if guard is None:
+        if vars(worker).get("_proposer") is not None:
+            logger.warning(
+                "DSPARK_MOE: the tier asks for context copies (context_copy_ngram=%d) but "
+                "this worker's proposer has no fault guard to apply them; serving without "
+                "copies",
+                ngram,
+            )
         return
     # Under the overlap scheduler a request's host lists may lag one round's tokens.
     margin = int(vars(worker).get("verify_num_draft_tokens") or worker.gamma + 1)
@@ -384,8 +406,7 @@ def _attach_token_history(worker: Any) -> None:
     written by the worker's prefill and decode (``token_history``)."""
     from dspark_sglang.sglang_integration.token_history import TokenHistory
 
-    guard = getattr(vars(worker).get("_proposer"), "propose", None)
-    copier = getattr(guard, "context_copy", None)
+    copier = getattr(_fault_guard(worker), "context_copy", None)
     if copier is None:
         return
     history = vars(worker).get("_dspark_token_history")

@@ -151,11 +151,39 @@ def test_a_failed_history_write_turns_copies_off_and_serving_goes_on() -> None:
     worker = DSparkMoeWorker.__new__(DSparkMoeWorker)
     guard = SimpleNamespace(context_copy=object())
     worker._proposer = SimpleNamespace(propose=guard)
+    worker._dspark_guard = guard
     worker._dspark_token_history = history = TokenHistory(rows=2, window=8, device="cpu")
     worker._keep_history(lambda: history.write_texts(torch.tensor([1]), [[4, 5]]))
     assert vars(worker)["_dspark_token_history"] is history and guard.context_copy is not None
     worker._keep_history(lambda: history.write_texts(torch.tensor([9]), [[4, 5]]))  # no slot 9
     assert vars(worker)["_dspark_token_history"] is None and guard.context_copy is None
+
+
+def test_copies_reach_the_fault_guard_when_a_profiler_wrapped_propose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tier with a start-up cost table gets its policy, and so its copier, after the
+    round profiler (``DSPARK_PROFILE_ROUNDS``) has wrapped ``propose`` in a timer: the
+    copier must still reach the fault guard, and then read the worker's token history."""
+    from dspark_sglang.sglang_integration import dspark_moe_worker as dmw
+    from dspark_sglang.sglang_integration import round_profile
+
+    guard = fallback.GuardedPropose(lambda **_: None, SimpleNamespace(), SimpleNamespace(), 2)
+    pool = SimpleNamespace(req_to_token=torch.zeros(2, 16, dtype=torch.int32))
+    worker = SimpleNamespace(
+        _proposer=SimpleNamespace(propose=guard),
+        _dspark_guard=guard,
+        gamma=2,
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=pool)),
+    )
+    # What instrument_worker does to ``propose``: a timer in its place.
+    prof = round_profile.PhaseTimes()
+    object.__setattr__(worker._proposer, "propose", prof.wrap(round_profile.PROPOSE, guard))
+    cfg = SchedulerConfig(block_size=2, policy="prefix", sla_name="copy", context_copy_ngram=2)
+    dmw._install_context_copy(worker, cfg)
+    assert isinstance(guard.context_copy, ProposalCopier) and guard.context_copy.ngram == 2
+    dmw._attach_token_history(worker)
+    assert guard.context_copy.history is vars(worker)["_dspark_token_history"]
 
 
 # --------------------------------------------------------------------------- engine
