@@ -165,10 +165,14 @@ class MappedRows:
 
 
 def scatter_to_vocab(values: torch.Tensor, ids: torch.Tensor, vocab_size: int, fill: float):
-    """``values`` ``[..., K]`` at columns ``ids`` of a ``[..., V]`` tensor, ``fill`` elsewhere."""
+    """``values`` ``[..., K]`` at columns ``ids`` of a ``[..., V]`` tensor, ``fill`` elsewhere.
+
+    ``ids`` are distinct (a token map), so one ``index_copy_`` along the last dimension
+    places them: on CPU a few times faster than ``scatter`` with an expanded index, which
+    walks a ``[..., K]`` index tensor (a draft's base logits every round).
+    """
     out = values.new_full((*values.shape[:-1], vocab_size), fill)
-    index = ids.to(values.device).expand(*values.shape[:-1], ids.numel())
-    return out.scatter(-1, index, values)
+    return out.index_copy_(-1, ids.to(values.device), values)
 
 
 def reduced_l1(
