@@ -191,6 +191,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         verify_tier.schedule_every_step(
             self._verify_planner, float(getattr(self, "_simulate_acc_len", 0.0))
         )
+        verify_tier.full_block_verifies_in_place(self._verify_planner)
         # Through the decider: its policy is rebuilt as rounds are timed.
         self.verify_policy = lambda confidence: decider.policy.decide(confidence)
         # CPU only: time each decode round and its verify; the policy prices rounds from them.

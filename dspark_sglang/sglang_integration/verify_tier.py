@@ -33,6 +33,13 @@ What we do, without patching SGLang:
   loaded) clears the verify-all shortcut, so ``schedule_layout`` takes its
   scheduling path and our hook decides. The flat table's budget is then "every
   lagged draft with survival >= ``survival_eps``", which the tier follows.
+* :func:`full_block_verifies_in_place` (same call, where no verify graphs are
+  replayed): a step whose layout verifies every request's whole block runs SGLang's
+  non-compact verify, the one its static mode runs. The compact path packs the rows,
+  then scatters the logits and hidden states back to the ``[N * (B + 1)]`` window the
+  accept reads; for a whole block that window is the verify's own, so the packing buys
+  nothing and costs ~2 % of a one-request round on CPU. Same tokens, positions and KV
+  slots either way, so the accept sees the same logits.
 """
 
 from __future__ import annotations
@@ -121,4 +128,34 @@ def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:
         "DSPARK_MOE: compact ragged verify without --speculative-dspark-sps-table-path; "
         "SGLang would verify every draft, our scheduler policy decides instead"
     )
+    return True
+
+
+def is_full_block(layout: Any, block_width: int) -> bool:
+    """Whether ``layout`` verifies all ``block_width`` tokens (anchor + drafts) of every
+    request. Reads the host copy of the lengths when SGLang kept one, else the lengths
+    themselves (callers use it only where the layout lives on the host)."""
+    lens = getattr(layout, "verify_lens_cpu", None)
+    if lens is None:
+        lens = layout.verify_lens.tolist()
+    return bool(lens) and min(lens) == block_width
+
+
+def full_block_verifies_in_place(planner: Any) -> bool:
+    """Run a whole-block step through SGLang's non-compact verify (module doc).
+
+    Wraps the planner's ``should_run_compact`` on this instance only, and only where the
+    planner runs compact mode and replays no verify graphs (a captured compact graph
+    would have to run the step it was sized for). Returns whether it wrapped.
+    """
+    if not getattr(planner, "is_compact_mode", False) or sizes_graph_tiers(planner):
+        return False
+    original = planner.should_run_compact
+    width = int(planner.verify_num_draft_tokens)
+
+    def should_run_compact(*, layout: Any) -> bool:
+        return bool(original(layout=layout)) and not is_full_block(layout, width)
+
+    # An instance attribute, as the worker's other wrappers: SGLang's class is untouched.
+    object.__setattr__(planner, "should_run_compact", should_run_compact)
     return True

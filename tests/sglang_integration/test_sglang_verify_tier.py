@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -257,3 +258,44 @@ def test_fit_to_budget_matches_dropping_the_lowest_survival_drafts_without_host_
         want = _fit_oracle(lens.tolist(), conf, n + budget)
         assert got.dtype == torch.int32 and got.tolist() == want, (trial, lens, budget)
     assert fit_to_budget(lens, conf, None) is lens
+
+
+def test_without_graphs_a_whole_block_step_runs_the_non_compact_verify(
+    hooked: None, tmp_path: Path
+) -> None:
+    """On an engine without graphs, a step whose layout verifies every request's whole
+    block takes SGLang's non-compact verify (the same window, without packing the rows
+    and scattering them back); a step with a shorter request stays compact."""
+    from sglang.srt.runtime_context import use_context
+
+    with use_context(_published()):
+        planner = _planner(graphs=False)
+        assert planner.is_compact_mode
+        _attach(planner, SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK))
+        whole = _step(planner, _confidence(0))
+        _attach(planner, SchedulerConfig(policy="mtp1", block_size=BLOCK))
+        short = _step(planner, _confidence(0))
+
+    assert whole.verify_lens.tolist() == [WIDTH] * N
+    assert planner.should_run_compact(layout=whole) is False
+    assert short.verify_lens.tolist() == [2] * N
+    assert planner.should_run_compact(layout=short) is True
+    mixed = msgspec.structs.replace(
+        short, verify_lens=torch.tensor([WIDTH, 2, WIDTH]), verify_lens_cpu=None
+    )
+    assert planner.should_run_compact(layout=mixed) is True
+
+
+def test_with_graphs_every_step_stays_compact(hooked: None) -> None:
+    """Where ragged verify graphs are replayed, a captured compact graph runs the step it
+    was sized for: the planner is left as SGLang built it."""
+    from sglang.srt.runtime_context import use_context
+
+    with use_context(_published()):
+        planner = _planner()
+        _attach(planner, SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK))
+        whole = _step(planner, _confidence(0))
+
+    assert whole.verify_lens.tolist() == [WIDTH] * N
+    assert "should_run_compact" not in vars(planner)
+    assert planner.should_run_compact(layout=whole) is True
