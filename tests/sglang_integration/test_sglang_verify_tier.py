@@ -297,5 +297,22 @@ def test_with_graphs_every_step_stays_compact(hooked: None) -> None:
         whole = _step(planner, _confidence(0))
 
     assert whole.verify_lens.tolist() == [WIDTH] * N
-    assert "should_run_compact" not in vars(planner)
     assert planner.should_run_compact(layout=whole) is True
+
+
+def test_a_policy_attached_before_the_graph_runner_exists_reads_it_at_the_first_step(
+    hooked: None,
+) -> None:
+    """A policy without a start-up table is attached in the worker's constructor, before
+    SGLang builds its graph runner: attaching must not read it, the first step does."""
+    from sglang.srt.runtime_context import use_context
+
+    with use_context(_published()):
+        planner = _planner(graphs=False)
+        runner = planner.model_runner
+        del runner.decode_cuda_graph_runner  # as a ModelRunner before init_cuda_graphs
+        _attach(planner, SchedulerConfig(policy="static", static_k=BLOCK, block_size=BLOCK))
+        runner.decode_cuda_graph_runner = None  # built: none on a CPU engine
+        whole = _step(planner, _confidence(0))
+
+    assert planner.should_run_compact(layout=whole) is False
