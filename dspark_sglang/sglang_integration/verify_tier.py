@@ -147,21 +147,18 @@ def full_block_verifies_in_place(planner: Any) -> bool:
     Wraps the planner's ``should_run_compact`` on this instance of a compact-mode planner;
     returns whether it wrapped. Where verify graphs are replayed the wrapper changes
     nothing (a captured compact graph runs the step it was sized for). Whether they are is
-    read at the first decode step: the graph runner does not exist yet when a policy
-    without a start-up table is attached, in the worker's constructor.
+    read at each step, as the planner hook reads it: the graph runner does not exist yet
+    when a policy without a start-up table is attached, in the worker's constructor.
     """
     if not getattr(planner, "is_compact_mode", False):
         return False
     original = planner.should_run_compact
     width = int(planner.verify_num_draft_tokens)
-    graphs: list[bool] = []
 
     def should_run_compact(*, layout: Any) -> bool:
-        if not original(layout=layout):
-            return False
-        if not graphs:
-            graphs.append(sizes_graph_tiers(planner))
-        return graphs[0] or not is_full_block(layout, width)
+        return bool(original(layout=layout)) and (
+            sizes_graph_tiers(planner) or not is_full_block(layout, width)
+        )
 
     # An instance attribute, as the worker's other wrappers: SGLang's class is untouched.
     object.__setattr__(planner, "should_run_compact", should_run_compact)
