@@ -134,9 +134,12 @@ def schedule_every_step(planner: Any, simulate_acc_len: float = 0.0) -> bool:
 def is_full_block(layout: Any, block_width: int) -> bool:
     """Whether ``layout`` verifies all ``block_width`` tokens (anchor + drafts) of every
     request. Reads the host copy of the lengths when SGLang kept one, else the lengths
-    themselves (callers use it only where the layout lives on the host)."""
+    themselves if they are on the host; lengths only on a device answer False (the step
+    stays compact) rather than read them back in the middle of a step."""
     lens = getattr(layout, "verify_lens_cpu", None)
     if lens is None:
+        if layout.verify_lens.device.type != "cpu":
+            return False
         lens = layout.verify_lens.tolist()
     return bool(lens) and min(lens) == block_width
 

@@ -316,3 +316,16 @@ def test_a_policy_attached_before_the_graph_runner_exists_reads_it_at_the_first_
         whole = _step(planner, _confidence(0))
 
     assert planner.should_run_compact(layout=whole) is False
+
+
+def test_lengths_only_on_a_device_are_not_read_back() -> None:
+    """An engine without graphs on a GPU (``--disable-cuda-graph``): lengths without a
+    host copy stay where they are and the step stays compact (no read mid-step)."""
+    from dspark_sglang.sglang_integration.verify_tier import is_full_block
+
+    on_device = types.SimpleNamespace(
+        verify_lens=torch.full((N,), WIDTH, device="meta"), verify_lens_cpu=None
+    )
+    assert is_full_block(on_device, WIDTH) is False
+    on_host = types.SimpleNamespace(verify_lens=torch.full((N,), WIDTH), verify_lens_cpu=None)
+    assert is_full_block(on_host, WIDTH) is True
