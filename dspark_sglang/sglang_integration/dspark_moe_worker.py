@@ -373,24 +373,14 @@ def _install_context_copy(worker: Any, config: Any) -> None:
     """Context copies after the drafter's block (``context_copy``), if ``config`` asks.
 
     The worker's fault guard around ``propose`` applies them; a worker without one (no
-    proposer) gets none, and one with a proposer but no guard says so. The copier reads
-    the worker's token history, which :func:`_attach_token_history` creates once the
-    request pool exists.
+    proposer) gets none. The copier reads the worker's token history, which
+    :func:`_attach_token_history` creates once the request pool exists.
     """
     from dspark_sglang.sglang_integration.context_copy import ProposalCopier
 
     ngram = int(config.context_copy_ngram)
-    if not ngram:
-        return
     guard = _fault_guard(worker)
-    if guard is None:
-        if vars(worker).get("_proposer") is not None:
-            logger.warning(
-                "DSPARK_MOE: the tier asks for context copies (context_copy_ngram=%d) but "
-                "this worker's proposer has no fault guard to apply them; serving without "
-                "copies",
-                ngram,
-            )
+    if not ngram or guard is None:
         return
     # Under the overlap scheduler a request's host lists may lag one round's tokens.
     margin = int(vars(worker).get("verify_num_draft_tokens") or worker.gamma + 1)
