@@ -96,13 +96,16 @@ def common_prefix(drafts: torch.Tensor, path: Sequence[int]) -> int:
 
 
 @torch.inference_mode()
-def slot1_logits(drafter: DSparkDrafter, block: DraftBlock, anchor: int) -> torch.Tensor:
-    """Slot 1's logits over the draft vocabulary: base + the Markov bias from the anchor."""
-    logits = block.base_logits[0, 0].float()
+def slot1(
+    drafter: DSparkDrafter, block: DraftBlock, anchor: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Slot 1's logits over the draft vocabulary (base + the Markov bias from the anchor)
+    and the Markov head's state after slot 1 (``None`` for memoryless heads)."""
+    logits, state = block.base_logits[0, 0].float(), None
     if drafter.markov_head is not None:
-        bias, _ = drafter.markov_head.step(torch.tensor([anchor]), block.hidden[0, :1], None)
+        bias, state = drafter.markov_head.step(torch.tensor([anchor]), block.hidden[0, :1], None)
         logits = logits + bias[0].float()
-    return logits
+    return logits, state
 
 
 @torch.inference_mode()
@@ -110,13 +113,11 @@ def branches(drafter: DSparkDrafter, block: DraftBlock, anchor: int, width: int)
     """``[width, B]`` target ids: slot 1's top ``width`` tokens, each continued by the Markov
     head's argmax (row 0 is the chain ``sample_block`` draws at temperature 0)."""
     head, b = drafter.markov_head, drafter.block_size
-    first = slot1_logits(drafter, block, anchor).topk(width).indices
-    rows = [drafter.to_target_vocab(first)]
-    prev, state = rows[0], None
-    if head is not None:  # the state after slot 1 (None for memoryless heads)
-        _, state = head.step(
-            torch.full((width,), anchor), block.hidden[0, :1].expand(width, -1), None
-        )
+    logits, state = slot1(drafter, block, anchor)
+    rows = [drafter.to_target_vocab(logits.topk(width).indices)]
+    prev = rows[0]
+    if state is not None:
+        state = state.expand(width, -1)
     for k in range(1, b):
         logits = block.base_logits[0, k].float().expand(width, -1)
         if head is not None:
@@ -198,7 +199,7 @@ def top_m_hits(drafter: DSparkDrafter, blocks: BlockCache, max_new: int, top_m: 
     reply = blocks.reply
     for p in range(reply.prompt_len, reply.prompt_len + max_new - 1):
         ranked = drafter.to_target_vocab(
-            slot1_logits(drafter, blocks.at(p), reply.tokens[p]).topk(top_m).indices
+            slot1(drafter, blocks.at(p), reply.tokens[p])[0].topk(top_m).indices
         ).tolist()
         nxt = reply.tokens[p + 1]
         for m in range(top_m):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from bench_scripts import REPO, load_benchmark
 
+from dspark_sglang.model import DSparkConfig, DSparkDrafter, sample_block
 from dspark_sglang.model.checkpoint import load_drafter
 from dspark_sglang.reference.generator import ReferenceGenerator
 from dspark_sglang.sampling import SamplingParams
@@ -75,8 +76,42 @@ def test_a_tree_holds_the_chain_as_its_first_branch(
     tree = bench.branches(drafter, blocks.at(p), anchor, 4)
     assert tree.shape == (4, drafter.block_size)
     assert torch.equal(tree[:1], chain)
-    top4 = bench.slot1_logits(drafter, blocks.at(p), anchor).topk(4).indices
+    top4 = bench.slot1(drafter, blocks.at(p), anchor)[0].topk(4).indices
     assert tree[:, 0].tolist() == drafter.to_target_vocab(top4).tolist()
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_the_first_branch_is_the_chain_sample_block_draws(
+    bench: Any, tiny_chat_model: Any, prompts: list[list[int]], head: str
+) -> None:
+    t = tiny_chat_model
+    torch.manual_seed(3)
+    cfg = DSparkConfig.for_target(
+        t.spec,
+        mask_token_id=t.default_mask_token_id(),
+        num_hidden_layers=1,
+        num_experts=2,
+        num_experts_per_tok=1,
+        intermediate_size=64,
+        markov_rank=8,
+        block_size=4,
+        sliding_window=16,
+        target_layer_ids=(0, 1, 2),
+        markov_head_type=head,
+    )
+    drafter = DSparkDrafter(cfg, t.embed_tokens, t.lm_head).eval()
+    assert drafter.markov_head is not None
+    with torch.no_grad():  # the head's bias, not the target's peaked LM head, picks the drafts
+        drafter.markov_head.markov_w2.weight.mul_(100.0)
+        for name, param in drafter.markov_head.named_parameters():
+            if name.startswith("joint_proj"):  # the RNN's state and previous token count
+                param.mul_(30.0)
+    (reply,) = bench.greedy_replies(t, prompts[:1], 12, drafter)
+    blocks = bench.BlockCache(drafter, reply)
+    for p in range(reply.prompt_len, reply.prompt_len + 8):
+        anchor = torch.tensor([reply.tokens[p]])
+        drawn = sample_block(drafter, blocks.at(p), anchor, temperature=0.0).tokens
+        assert torch.equal(bench.branches(drafter, blocks.at(p), reply.tokens[p], 3)[:1], drawn)
 
 
 def test_common_prefix_takes_the_best_row(bench: Any) -> None:
