@@ -61,6 +61,7 @@ from dspark_sglang.results import default_out, dump_json, software_versions
 from dspark_sglang.sampling import SamplingParams
 from dspark_sglang.scheduling.cost_table import CostModel, load_cost_table
 from dspark_sglang.targets.hf_target import HFTarget
+from dspark_sglang.targets.smollm2 import ensure_smollm2
 
 EMBEDDED_DRAFTER = Path("dspark_sglang/assets/drafters/smollm2")
 DEFAULT_SHAPES = ("chain", "chain+copy", "tree2", "tree2+copy", "tree4", "tree4+copy", "tree8+copy")
@@ -307,8 +308,6 @@ def main() -> int:
     args = ap.parse_args()
     shapes = [Shape.parse(s) for s in args.shapes]
     table = None if args.cost_table is None else load_cost_table(args.cost_table)
-    from dspark_sglang.targets.smollm2 import ensure_smollm2
-
     target = HFTarget(ensure_smollm2(), dtype=torch.float32, num_threads=args.threads)
     drafter = load_drafter(args.drafter, target.spec, target.embed_tokens, target.lm_head).eval()
     result: dict[str, Any] = {

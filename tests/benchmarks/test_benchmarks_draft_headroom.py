@@ -1,5 +1,6 @@
 """``benchmarks/draft_headroom.py``: its replay of greedy rounds counts what the reference
-generator accepts, a tree's first branch is the chain, and the committed result's figures
+generator accepts, a tree branches slot 1 over the drafter's top tokens with the chain
+``sample_block`` draws as its first branch, and the committed result's figures
 follow from its raw counts."""
 
 from __future__ import annotations
@@ -65,23 +66,8 @@ def test_replay_counts_what_the_reference_generator_accepts(
         assert sum(map(sum, replayed)) > 0
 
 
-def test_a_tree_holds_the_chain_as_its_first_branch(
-    bench: Any, tiny_chat_model: Any, drafter: Any, prompts: list[list[int]]
-) -> None:
-    (reply,) = bench.greedy_replies(tiny_chat_model, prompts[:1], 12, drafter)
-    blocks = bench.BlockCache(drafter, reply)
-    p = reply.prompt_len + 3
-    anchor = reply.tokens[p]
-    chain = bench.branches(drafter, blocks.at(p), anchor, 1)
-    tree = bench.branches(drafter, blocks.at(p), anchor, 4)
-    assert tree.shape == (4, drafter.block_size)
-    assert torch.equal(tree[:1], chain)
-    top4 = bench.slot1(drafter, blocks.at(p), anchor)[0].topk(4).indices
-    assert tree[:, 0].tolist() == drafter.to_target_vocab(top4).tolist()
-
-
 @pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
-def test_the_first_branch_is_the_chain_sample_block_draws(
+def test_a_tree_branches_slot_1_and_its_first_branch_is_the_chain(
     bench: Any, tiny_chat_model: Any, prompts: list[list[int]], head: str
 ) -> None:
     t = tiny_chat_model
@@ -109,9 +95,14 @@ def test_the_first_branch_is_the_chain_sample_block_draws(
     (reply,) = bench.greedy_replies(t, prompts[:1], 12, drafter)
     blocks = bench.BlockCache(drafter, reply)
     for p in range(reply.prompt_len, reply.prompt_len + 8):
-        anchor = torch.tensor([reply.tokens[p]])
-        drawn = sample_block(drafter, blocks.at(p), anchor, temperature=0.0).tokens
-        assert torch.equal(bench.branches(drafter, blocks.at(p), reply.tokens[p], 3)[:1], drawn)
+        anchor = reply.tokens[p]
+        drawn = sample_block(drafter, blocks.at(p), torch.tensor([anchor]), temperature=0.0)
+        chain = bench.branches(drafter, blocks.at(p), anchor, 1)
+        tree = bench.branches(drafter, blocks.at(p), anchor, 3)
+        assert tree.shape == (3, drafter.block_size)
+        assert torch.equal(chain, drawn.tokens) and torch.equal(tree[:1], drawn.tokens)
+        top3 = bench.slot1(drafter, blocks.at(p), anchor)[0].topk(3).indices
+        assert tree[:, 0].tolist() == drafter.to_target_vocab(top3).tolist()
 
 
 def test_common_prefix_takes_the_best_row(bench: Any) -> None:
