@@ -11,12 +11,15 @@ What a plan may change on its tier: ``minTokensPerSecPerUser``, the scheduler's 
 keys (``policy``, ``blockSize``, ``lagSteps``/``staticK``, ``maxVerifyTokens``,
 ``maxRunningRequests``), the cost table and STS reference, and the replica count when a
 load is given. Everything else (``greedyOnly``, resources, model paths, other tiers)
-stays as it was, except ``draftStepSeconds``: dropped when the planned policy is not
-``prefix`` or ``lagged`` (the only ones that read it), and otherwise set to the draft
-pass the plan assumed when it modelled one (``--draft-step-seconds``, or the tier's own
-value, read by ``base_draft_step_seconds``), so the served scheduler decides with the
-cost the prediction charged. A profile times the target alone; without either source
-the draft pass is not modelled and the tier's key is left as it was.
+stays as it was, except the scheduler keys the planned policy does not read, which the
+chart would refuse: ``draftStepSeconds``, ``draftDecision``, ``probeEvery`` and
+``copyConfidence`` are dropped when the planned policy is not ``prefix`` or ``lagged``
+(the only ones that read them), ``contextCopyNgram`` on ``none`` and ``raggedMode`` on
+``verify_all``. ``draftStepSeconds`` is otherwise set to the draft pass the plan assumed
+when it modelled one (``--draft-step-seconds``, or the tier's own value, read by
+``base_draft_step_seconds``), so the served scheduler decides with the cost the
+prediction charged. A profile times the target alone; without either source the draft
+pass is not modelled and the tier's key is left as it was.
 
 Refusals, each naming both sides and the fix: a profile measured at another TP degree
 than the tier runs, on another hardware group than the tier's table names, or for
@@ -61,6 +64,9 @@ _SLUG_BAD = re.compile(r"[^a-z0-9]+")
 #: operator's own choices (``greedyOnly``) which the plan must keep.
 _PLANNED_SCHEDULER_KEYS = ("policy", "blockSize", "lagSteps", "staticK", "maxVerifyTokens",
                            "maxRunningRequests")  # fmt: skip
+#: Scheduler keys only the cost-table policies (``prefix``, ``lagged``) read: the draft
+#: pass, the per-step draft decision and the confidence they rank context copies at.
+_COST_TABLE_POLICY_KEYS = (DRAFT_STEP_KEY, "draftDecision", "probeEvery", "copyConfidence")
 
 
 @dataclass(frozen=True)
@@ -247,10 +253,16 @@ def _check_identity(
 
 def _planned_scheduler(old: Mapping[str, Any] | None, planned: Mapping[str, Any]) -> dict:
     out = {k: v for k, v in (old or {}).items() if k not in _PLANNED_SCHEDULER_KEYS}
-    if planned["policy"] not in NEEDS_COST_TABLE:
-        # The operator's draft-pass time is kept only where the planned policy reads it
-        # (the chart refuses it on any other policy, as SchedulerConfig does).
-        out.pop(DRAFT_STEP_KEY, None)
+    policy = planned["policy"]
+    # The operator's keys are kept only where the planned policy reads them (the chart
+    # refuses each on any other policy, as SchedulerConfig does).
+    if policy not in NEEDS_COST_TABLE:
+        for key in _COST_TABLE_POLICY_KEYS:
+            out.pop(key, None)
+    if policy == "none":
+        out.pop("contextCopyNgram", None)  # nothing is verified, so no copy would be
+    if policy == "verify_all":
+        out.pop("raggedMode", None)  # verify_all runs SGLang's static mode
     out.update({k: v for k, v in planned.items() if k != "greedyOnly"})
     out.setdefault("greedyOnly", planned.get("greedyOnly", False))
     return out

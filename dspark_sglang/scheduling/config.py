@@ -21,10 +21,12 @@ import yaml
 
 __all__ = [
     "DEFAULT_COPY_CONFIDENCE",
+    "DEFAULT_PROBE_EVERY",
     "NEEDS_COST_TABLE",
     "POLICIES",
     "RAGGED_VERIFY_MODES",
     "ConfigError",
+    "DraftDecision",
     "Policy",
     "RaggedVerifyMode",
     "SchedulerConfig",
@@ -34,6 +36,9 @@ __all__ = [
 
 Policy = Literal["prefix", "lagged", "static", "mtp1", "verify_all", "none"]
 RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
+DraftDecision = Literal["always", "priced"]
+DEFAULT_PROBE_EVERY = 8
+"""``probe_every`` when unset: plain steps in a row before a step drafts again."""
 RAGGED_VERIFY_MODES: tuple[str, ...] = get_args(RaggedVerifyMode)
 POLICIES: tuple[str, ...] = get_args(Policy)
 MAX_BLOCK_SIZE = 16
@@ -154,14 +159,17 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         (``sglang_integration.requests``), so such a tier never runs rejection
         sampling. It also turns on SGLang's argmax draft
         (``SGLANG_DSPARK_USE_GREEDY_DRAFT``, see ``greedy_draft``).
-    ``ragged_mode`` (``cap-accept`` or ``compact``, optional; not with ``verify_all``)
+    ``ragged_mode`` (``compact`` or ``cap-accept``, optional; not with ``verify_all``)
         How SGLang runs a verify of per-request lengths
-        (``SGLANG_RAGGED_VERIFY_MODE``, :attr:`ragged_verify_mode`). ``cap-accept``
-        (unset) verifies every request's whole block and caps acceptance at the
-        chosen length: the shape a CUDA graph captures, so on a GPU the verify costs
-        the same whatever the policy chose. ``compact`` verifies only the chosen
-        drafts: where nothing is captured (a CPU engine) a shorter verify is a
-        cheaper one, which is what a policy that trims drafts is for.
+        (``SGLANG_RAGGED_VERIFY_MODE``, :attr:`ragged_verify_mode`). ``compact``
+        (unset) verifies only the chosen drafts, so a shorter verify is a cheaper
+        one, which is what a policy that picks per-request lengths is for: on a CPU
+        engine the verify is laid out as exactly those lengths; with CUDA graphs they
+        are trimmed to the token tier SGLang captured for the step
+        (``sglang_integration.verify_tier``). ``cap-accept`` is an opt-in that
+        verifies every request's whole block and only caps acceptance at the chosen
+        length: the verify costs the same whatever the policy chose, and the worker
+        logs a warning saying so at start-up (``launch.ragged_mode_note``).
         ``verify_all`` always runs SGLang's ``static`` mode.
     ``draft_step_seconds`` (float >= 0, seconds, optional; ``prefix`` and ``lagged`` only)
         Time of one speculative step outside the target's forward (the draft
@@ -184,6 +192,18 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         drafter's. Lossless (a copy's draft distribution is one-hot on it); it pays
         where replies repeat their prompt or themselves (code, arithmetic). 0 turns
         it off; 2 or 3 are the useful values. Refused with policy ``none`` (no draft is verified).
+    ``draft_decision`` (``always`` or ``priced``, default ``always``; ``prefix`` and
+    ``lagged`` only)
+        ``always`` runs the draft pass every step. ``priced`` decides per step, before
+        drafting, whether a drafting round is worth more tokens per second than a plain
+        decode step (``scheduling/draft_decision.py``): each request's confidences from
+        its last drafting round, priced by the policy's cost model, against the plain
+        step's measured cost. A step that does not draft runs no draft pass and verifies
+        only the anchors. Lossless: decided from earlier rounds only.
+    ``probe_every`` (int >= 1, optional; with ``draft_decision: priced`` only)
+        After this many plain steps in a row the next step drafts (a probe), so the
+        evidence is refreshed and drafting resumes when it pays again. Unset:
+        :data:`DEFAULT_PROBE_EVERY`.
     ``copy_confidence`` (float in (0, 1), optional; with ``context_copy_ngram`` and
     policies ``prefix`` / ``lagged`` only)
         The confidence the policy sees for a copied draft (the drafter's head scored
@@ -209,6 +229,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     ragged_mode: RaggedVerifyMode | None = None
     context_copy_ngram: int = 0
     copy_confidence: float | None = None
+    draft_decision: DraftDecision = "always"
+    probe_every: int | None = None
 
     def __post_init__(self) -> None:
         # Types are re-checked here because direct construction bypasses msgspec's decoder.
@@ -268,6 +290,34 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         self._check_draft_step_seconds()
         self._check_ragged_mode()
         self._check_context_copy()
+        self._check_draft_decision()
+
+    def _check_draft_decision(self) -> None:
+        d, p = self.draft_decision, self.probe_every
+        if d not in get_args(DraftDecision):
+            raise ConfigError(
+                f"draft_decision must be one of {list(get_args(DraftDecision))}, got {d!r}"
+            )
+        if d == "priced" and self.policy not in NEEDS_COST_TABLE:
+            raise ConfigError(
+                f"draft_decision: priced prices drafting rounds with a cost table, which only "
+                f"policies {list(NEEDS_COST_TABLE)} use (policy is {self.policy!r}); choose "
+                "one of them or draft_decision: always"
+            )
+        if p is not None and d != "priced":
+            raise ConfigError(
+                "probe_every is read only with draft_decision: priced; remove probe_every or "
+                "set draft_decision: priced"
+            )
+        if p is not None and (not _is_int(p) or p < 1):
+            raise ConfigError(
+                f"probe_every must be an integer >= 1 (plain steps in a row), got {p!r}"
+            )
+
+    @property
+    def probe_every_value(self) -> int:
+        """``probe_every``, or :data:`DEFAULT_PROBE_EVERY` when unset."""
+        return DEFAULT_PROBE_EVERY if self.probe_every is None else int(self.probe_every)
 
     def _check_context_copy(self) -> None:
         try:
@@ -363,14 +413,15 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
         ``verify_all`` verifies the whole block, which is SGLang's ``static`` path;
         every other policy picks per-request lengths, which needs a ragged mode:
-        the config's ``ragged_mode``, unset ``cap-accept`` (verifies the block and
-        caps acceptance at the chosen length, safe with CUDA graphs); ``compact``
-        verifies only the chosen tokens. The Helm chart renders the same rule
-        (``dspark.raggedVerifyMode``; its tiers leave ``ragged_mode`` unset).
+        the config's ``ragged_mode``, unset ``compact`` (verifies only the chosen
+        tokens, so a shorter verify is a cheaper one); ``cap-accept`` verifies the
+        whole block and caps acceptance at the chosen length. The Helm chart renders
+        the same rule (``dspark.raggedVerifyMode``, from ``slaTiers[].scheduler.raggedMode``)
+        and writes the mode into each tier's config.
         """
         if self.policy == "verify_all":
             return "static"
-        return self.ragged_mode or "cap-accept"
+        return self.ragged_mode or "compact"
 
     @property
     def greedy_draft(self) -> bool:

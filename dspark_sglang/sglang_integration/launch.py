@@ -8,8 +8,10 @@ benchmarks, the tests), so none of them types a number twice or checks it its ow
   by :func:`check_block_size` and :func:`check_sts_block_size`;
 * ``--speculative-num-draft-tokens`` is the drafter's block size plus the anchor
   (``scheduling.config.num_draft_tokens``, ``SchedulerConfig.num_draft_tokens``);
-* ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy
-  (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`);
+* ``SGLANG_RAGGED_VERIFY_MODE`` follows the tier's policy and ``ragged_mode``
+  (``SchedulerConfig.ragged_verify_mode``, :func:`scheduler_env`): ``compact`` unless
+  the config opts into ``cap-accept``, which the worker warns about at start-up
+  (:func:`ragged_mode_note`);
 * ``SGLANG_DSPARK_USE_GREEDY_DRAFT`` (SGLang's argmax draft) is on exactly for
   tiers that serve greedy requests only (``SchedulerConfig.greedy_draft``,
   :func:`scheduler_env`);
@@ -58,6 +60,7 @@ __all__ = [
     "drafter_sts",
     "greedy_draft_note",
     "is_dspark_moe_drafter",
+    "ragged_mode_note",
     "scheduler_env",
 ]
 
@@ -80,6 +83,8 @@ DECISION_LOG_ENV = "DSPARK_DECISION_LOG"
 SGLANG_DECISION = "sglang"
 #: Where the chart's values set the block size (named in errors chart users see).
 CHART_BLOCK_SIZE = "slaTiers[].scheduler.blockSize"
+#: Where the chart's values set the ragged-verify mode of a tier.
+CHART_RAGGED_MODE = "slaTiers[].scheduler.raggedMode"
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +148,7 @@ def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
             f"{CONFIG_ENV}={source} selects per-request verify lengths (policy "
             f"{cfg.policy!r}), but {RAGGED_MODE_ENV} is 'static' (every request verifies "
             f"the whole block, no confidences); set {RAGGED_MODE_ENV}=cap-accept or compact "
-            "(the Helm chart sets it from the tier's policy)"
+            "(the Helm chart sets it from the tier's policy and scheduler.raggedMode)"
         )
     if cfg.ragged_mode is not None and mode != cfg.ragged_mode:
         raise LaunchError(
@@ -151,6 +156,27 @@ def check_ragged_mode(cfg: SchedulerConfig, mode: str, source: str) -> None:
             f"{RAGGED_MODE_ENV} is {mode!r}; set {RAGGED_MODE_ENV}={cfg.ragged_mode} "
             "(launch.scheduler_env does) or remove ragged_mode from the config"
         )
+
+
+def ragged_mode_note(cfg: SchedulerConfig, mode: str, source: str) -> str | None:
+    """What to tell an operator whose worker verifies per-request lengths in ``cap-accept``
+    mode, or None for any other mode.
+
+    ``cap-accept`` verifies every request's whole block and only caps acceptance at the
+    length the policy chose, so the verify costs the same whatever the policy chose;
+    ``compact`` (the default) verifies only the chosen drafts. Not refused: both are
+    lossless, and ``cap-accept`` is an explicit opt-in (``ragged_mode: cap-accept``).
+    """
+    if mode != "cap-accept" or cfg.ragged_verify_mode == "static":
+        return None
+    return (
+        f"{CONFIG_ENV}={source}: policy {cfg.policy!r} picks per-request verify lengths, but "
+        f"{RAGGED_MODE_ENV}=cap-accept verifies every request's whole block and only caps "
+        "acceptance at the chosen length, so a shorter verify saves no verify compute; for "
+        "verifies of only the chosen drafts set ragged_mode: compact in the config (Helm "
+        f"chart: {CHART_RAGGED_MODE}: compact, the default) and {RAGGED_MODE_ENV}=compact "
+        "(launch.scheduler_env and the chart set it from the config)"
+    )
 
 
 def drafter_heads(folder: str | Path) -> tuple[int, int]:
@@ -315,12 +341,14 @@ def check_config(
     cfg: SchedulerConfig, source: str, block_size: int, env: Mapping[str, str]
 ) -> None:
     """Refuse a scheduler config whose block is not the drafter's, or whose mode is wrong;
-    log a draft switch that is not the config's (:func:`greedy_draft_note`)."""
+    log a ``cap-accept`` verify of per-request lengths (:func:`ragged_mode_note`) and a
+    draft switch that is not the config's (:func:`greedy_draft_note`)."""
     check_block_size(cfg, source, block_size)
-    check_ragged_mode(cfg, env.get(RAGGED_MODE_ENV, "static"), source)
-    note = greedy_draft_note(cfg, env, source)
-    if note:
-        logger.warning("%s", note)
+    mode = env.get(RAGGED_MODE_ENV, "static")
+    check_ragged_mode(cfg, mode, source)
+    for note in (ragged_mode_note(cfg, mode, source), greedy_draft_note(cfg, env, source)):
+        if note:
+            logger.warning("%s", note)
 
 
 def cpu_overlap_kept(env: Mapping[str, str] | None = None) -> bool:

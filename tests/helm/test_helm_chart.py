@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +305,14 @@ def expected_scheduler_config(tier: dict[str, Any]) -> dict[str, Any]:
         cfg["context_copy_ngram"] = s["contextCopyNgram"]
     if "copyConfidence" in s:
         cfg["copy_confidence"] = s["copyConfidence"]
+    # Every policy that picks per-request lengths names its ragged mode: compact unless the
+    # tier opts into cap-accept; verify_all runs SGLang's static mode and names none.
+    if s["policy"] != "verify_all":
+        cfg["ragged_mode"] = s.get("raggedMode", "compact")
+    if "draftDecision" in s:
+        cfg["draft_decision"] = s["draftDecision"]
+    if "probeEvery" in s:
+        cfg["probe_every"] = s["probeEvery"]
     return cfg
 
 
@@ -711,6 +720,70 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "copyConfidence",
     ),
     (
+        "raggedMode not a ragged mode",
+        {"slaTiers": [tier_with(scheduler__raggedMode="bogus")]},
+        "at '/slaTiers/0/scheduler/raggedMode': value must be one of 'compact', 'cap-accept'",
+    ),
+    (
+        "raggedMode static (what verify_all runs by itself)",
+        {"slaTiers": [tier_with(scheduler__raggedMode="static")]},
+        "at '/slaTiers/0/scheduler/raggedMode': value must be one of 'compact', 'cap-accept'",
+    ),
+    (
+        "raggedMode with the verify_all policy",
+        {
+            "slaTiers": [
+                tier_with(
+                    scheduler={
+                        **GOOD_TIER["scheduler"],
+                        "policy": "verify_all",
+                        "raggedMode": "cap-accept",
+                    }
+                )
+            ]
+        },
+        "slaTiers[0] (interactive): scheduler.raggedMode=cap-accept with policy verify_all: "
+        "verify_all verifies the whole block in SGLang's static mode; remove raggedMode or "
+        "choose a policy that picks per-request lengths",
+    ),
+    (
+        "draftDecision not a decision",
+        {"slaTiers": [tier_with(scheduler__draftDecision="sometimes")]},
+        "at '/slaTiers/0/scheduler/draftDecision': value must be one of 'always', 'priced'",
+    ),
+    (
+        "probeEvery of zero",
+        {"slaTiers": [tier_with(scheduler__draftDecision="priced", scheduler__probeEvery=0)]},
+        "at '/slaTiers/0/scheduler/probeEvery': minimum: got 0, want 1",
+    ),
+    (
+        "probeEvery as a string",
+        {"slaTiers": [tier_with(scheduler__draftDecision="priced", scheduler__probeEvery="8")]},
+        "at '/slaTiers/0/scheduler/probeEvery': got string, want integer",
+    ),
+    (
+        "probeEvery without the priced decision",
+        {"slaTiers": [tier_with(scheduler__probeEvery=8)]},
+        "slaTiers[0] (interactive): scheduler.probeEvery is read only with "
+        "scheduler.draftDecision=priced; remove probeEvery or set draftDecision: priced",
+    ),
+    (
+        "draftDecision priced with a policy that uses no cost table",
+        {
+            "slaTiers": [
+                tier_with(
+                    scheduler={
+                        **GOOD_TIER["scheduler"],
+                        "policy": "mtp1",
+                        "draftDecision": "priced",
+                    }
+                )
+            ]
+        },
+        "scheduler.draftDecision=priced prices drafting rounds with a cost table, which only "
+        "policies prefix and lagged use (policy is mtp1)",
+    ),
+    (
         "inline cost table not sorted",
         {
             "slaTiers": [
@@ -937,6 +1010,153 @@ def test_draft_step_seconds_is_not_rendered_unless_set() -> None:
     for doc in render(CHART / "values.yaml"):
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-scheduler"):
             assert "draft_step_seconds" not in doc["data"]["scheduler.yaml"]
+
+
+def _scheduler_for(policy: str, **knobs: Any) -> dict[str, Any]:
+    """GOOD_TIER's scheduler under ``policy`` (the keys that policy needs), plus ``knobs``."""
+    sched: dict[str, Any] = {**GOOD_TIER["scheduler"], "policy": policy, **knobs}
+    if policy != "lagged":
+        sched.pop("lagSteps")
+    if policy == "static":
+        sched["staticK"] = 3
+    return sched
+
+
+def _template(sched: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    f = tmp_path / "v.yaml"
+    f.write_text(yaml.safe_dump({"slaTiers": [tier_with(scheduler=sched)]}))
+    return run_helm("template", RELEASE, str(CHART), "-f", str(f))
+
+
+def _server_env(manifests: str) -> dict[str, str | None]:
+    """The one tier's SGLang container env."""
+    (deploy,) = [d for d in yaml.safe_load_all(manifests) if d and d["kind"] == "Deployment"]
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_default_scheduled_tiers_verify_in_compact_mode(tmp_path: Path) -> None:
+    """The shipped default tiers pick per-request lengths and set no raggedMode: each renders
+    SGLANG_RAGGED_VERIFY_MODE=compact and ragged_mode: compact, a pair the worker accepts
+    without the cap-accept warning."""
+    from dspark_sglang.sglang_integration.launch import check_ragged_mode, ragged_mode_note
+
+    values = effective_values(CHART / "values.yaml")
+    tiers = tiers_of(values)
+    assert tiers and all(t["scheduler"]["policy"] != "verify_all" for t in tiers)
+    assert all("raggedMode" not in t["scheduler"] for t in tiers)
+    index = by_kind_name(render(CHART / "values.yaml"))
+    for tier in tiers:
+        name = f"{RELEASE}-dspark-sglang-{tier['name']}"
+        container = index[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        text = index[("ConfigMap", f"{name}-scheduler")]["data"]["scheduler.yaml"]
+        cfg = SchedulerConfig.from_dict(yaml.safe_load(text))
+        assert env["SGLANG_RAGGED_VERIFY_MODE"] == "compact", tier["name"]
+        assert cfg.ragged_mode == "compact" and cfg.ragged_verify_mode == "compact", text
+        check_ragged_mode(cfg, "compact", SCHED_PATH)
+        assert ragged_mode_note(cfg, "compact", SCHED_PATH) is None
+
+
+@pytest.mark.parametrize("ragged_mode", [None, "compact", "cap-accept"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_ragged_mode_is_compact_unless_a_tier_opts_into_cap_accept(
+    policy: str, ragged_mode: str | None, tmp_path: Path
+) -> None:
+    """A tier whose policy picks per-request lengths verifies in ``scheduler.raggedMode``,
+    ``compact`` when unset; its config's ``ragged_mode`` and SGLANG_RAGGED_VERIFY_MODE are
+    that mode, the one the plugin derives from the config, and a ``cap-accept`` tier is one
+    the worker warns about at start-up. verify_all runs SGLang's static mode and refuses a
+    raggedMode, naming the value and the fix."""
+    from dspark_sglang.sglang_integration.launch import (
+        RAGGED_MODE_ENV,
+        ragged_mode_note,
+        scheduler_env,
+    )
+
+    knobs = {} if ragged_mode is None else {"raggedMode": ragged_mode}
+    proc = _template(_scheduler_for(policy, **knobs), tmp_path)
+    if policy == "verify_all" and ragged_mode is not None:
+        assert proc.returncode != 0, f"verify_all accepted raggedMode={ragged_mode}"
+        assert (
+            f"slaTiers[0] (interactive): scheduler.raggedMode={ragged_mode} with policy "
+            "verify_all: verify_all verifies the whole block in SGLang's static mode; remove "
+            "raggedMode or choose a policy that picks per-request lengths"
+        ) in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    cfg, text = _loaded_scheduler_config(proc.stdout, tmp_path)
+    env = _server_env(proc.stdout)
+    if policy == "verify_all":
+        assert "ragged_mode" not in text
+        expected = "static"
+    else:
+        expected = ragged_mode or "compact"
+        assert cfg.ragged_mode == expected, text
+    assert env[RAGGED_MODE_ENV] == cfg.ragged_verify_mode == expected
+    assert scheduler_env(tmp_path / "scheduler.yaml")[RAGGED_MODE_ENV] == expected
+    warned = ragged_mode_note(cfg, env[RAGGED_MODE_ENV] or "", SCHED_PATH) is not None
+    assert warned == (expected == "cap-accept")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_draft_decision_knobs_are_accepted_exactly_where_the_plugin_reads_them(
+    policy: str, tmp_path: Path
+) -> None:
+    """``scheduler.draftDecision`` / ``probeEvery`` render as the scheduler config's
+    ``draft_decision`` / ``probe_every``, to the value, wherever SchedulerConfig takes them,
+    and the render is refused, naming the field and the fix, wherever it refuses them."""
+    for knobs in (
+        {"draftDecision": "always"},
+        {"draftDecision": "priced"},
+        {"draftDecision": "priced", "probeEvery": 3},
+        {"draftDecision": "always", "probeEvery": 3},
+        {"probeEvery": 3},
+    ):
+        sched = _scheduler_for(policy, **knobs)
+        try:
+            SchedulerConfig(
+                block_size=7,
+                policy=policy,  # type: ignore[arg-type]
+                static_k=sched.get("staticK"),
+                draft_decision=knobs.get("draftDecision", "always"),  # type: ignore[arg-type]
+                probe_every=knobs.get("probeEvery"),
+            )
+            plugin_reads = True
+        except ConfigError:
+            plugin_reads = False
+        proc = _template(sched, tmp_path)
+        if not plugin_reads:
+            assert proc.returncode != 0, f"policy {policy} accepted {knobs}"
+            assert "slaTiers[0] (interactive): scheduler." in proc.stderr, proc.stderr
+            assert "remove draftDecision" in proc.stderr or "remove probeEvery" in proc.stderr
+            continue
+        assert proc.returncode == 0, (knobs, proc.stderr)
+        cfg, text = _loaded_scheduler_config(proc.stdout, tmp_path)
+        assert cfg.draft_decision == knobs["draftDecision"], text
+        assert cfg.probe_every == knobs.get("probeEvery"), text
+    # Without the knobs nothing is rendered: the plugin's defaults apply.
+    proc = _template(_scheduler_for(policy), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, text = _loaded_scheduler_config(proc.stdout, tmp_path)
+    assert "draft_decision" not in text and "probe_every" not in text
+
+
+def test_default_tiers_decide_drafting_by_price() -> None:
+    """values.yaml's two tiers set draftDecision: priced (and leave probeEvery to the
+    plugin), so each renders draft_decision: priced and no probe_every."""
+    values = effective_values(CHART / "values.yaml")
+    assert [t["scheduler"].get("draftDecision") for t in values["slaTiers"]] == ["priced"] * 2
+    configs = [
+        doc["data"]["scheduler.yaml"]
+        for doc in render(CHART / "values.yaml")
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-scheduler")
+    ]
+    assert len(configs) == 2
+    for text in configs:
+        cfg = SchedulerConfig.from_dict(yaml.safe_load(text))
+        assert cfg.draft_decision == "priced" and cfg.probe_every is None, text
+        assert "probe_every" not in text
 
 
 # --- 5. golden file ------------------------------------------------------------------

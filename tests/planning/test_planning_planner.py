@@ -155,6 +155,87 @@ def test_a_plan_keeps_the_draft_pass_only_where_the_planned_policy_reads_it(
     assert cfg.draft_step_seconds == (0.004 if kept else None)
 
 
+#: Scheduler keys only ``prefix`` and ``lagged`` read (the chart and SchedulerConfig refuse
+#: them on every other policy; ``copyConfidence`` also needs context copies).
+_TABLE_POLICY_KEYS = ("draftStepSeconds", "draftDecision", "probeEvery", "copyConfidence")
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize(
+    "spec",
+    [PolicySpec("lagged"), PolicySpec("prefix"), PolicySpec("mtp1"), PolicySpec("static", 3),
+     PolicySpec("none"), PolicySpec("verify_all")],
+    ids=lambda s: s.label,
+)  # fmt: skip
+def test_planning_the_chart_defaults_onto_another_policy_renders(
+    spec: PolicySpec, tmp_path: Path
+) -> None:
+    """The chart's default tiers (``draftDecision: priced``), one of them with the options
+    its comments offer set, planned onto each policy: the keys the planned policy does not
+    read are dropped, the others kept, and ``helm template`` renders the result."""
+    base = yaml.safe_load((CHART / "values.yaml").read_text())
+    interactive, standard = base["slaTiers"]
+    assert interactive["scheduler"]["draftDecision"] == "priced"
+    assert standard["scheduler"]["draftDecision"] == "priced"
+    interactive["scheduler"].update(
+        draftStepSeconds=0.004, probeEvery=16, contextCopyNgram=2, copyConfidence=0.65,
+        raggedMode="compact",
+    )  # fmt: skip
+    group = interactive["costTable"]["hardwareGroup"]
+    # Only the scheduler keys are read from a planned tier here, not its simulation.
+    planned = [
+        PlannedTier(float(t["minTokensPerSecPerUser"]), spec, 16, 96, 7, result=None)  # type: ignore[arg-type]
+        for t in (interactive, standard)
+    ]
+    doc = apply_plan(
+        base,
+        planned,
+        {t.sla: name for t, name in zip(planned, ("interactive", "standard"), strict=True)},
+        ProfileIdentity(group, "target", 1, "3f1664f4b5"),
+        cost_table=CostTableSource(
+            published={"hardwareGroup": group, "version": "3f1664f4b5"}, inline=None
+        ),
+        sts=None,
+    )
+    reads = spec.name in ("lagged", "prefix")
+    scheds = {t["name"]: t["scheduler"] for t in doc["slaTiers"]}
+    for name, sched in scheds.items():
+        assert sched["policy"] == spec.name
+        if reads:
+            assert sched["draftDecision"] == "priced", (name, sched)
+        else:
+            assert not set(_TABLE_POLICY_KEYS) & set(sched), (name, sched)
+    if reads:
+        assert {k: scheds["interactive"][k] for k in _TABLE_POLICY_KEYS} == {
+            "draftStepSeconds": 0.004, "draftDecision": "priced", "probeEvery": 16,
+            "copyConfidence": 0.65,
+        }  # fmt: skip
+    # Copies are refused only where nothing is verified; raggedMode only on verify_all.
+    assert scheds["interactive"].get("contextCopyNgram") == (None if spec.name == "none" else 2)
+    ragged = None if spec.name == "verify_all" else "compact"
+    assert scheds["interactive"].get("raggedMode") == ragged
+    out = tmp_path / "values.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(
+        [str(helm_bin()), "template", "dspark", str(CHART), "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cfgs = {
+        d["metadata"]["name"]: SchedulerConfig.from_dict(
+            yaml.safe_load(d["data"]["scheduler.yaml"])
+        )
+        for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler")
+    }
+    assert len(cfgs) == 2, sorted(cfgs)
+    for cfg in cfgs.values():
+        assert cfg.policy == spec.name
+        assert cfg.draft_decision == ("priced" if reads else "always")
+        assert cfg.probe_every is None or reads
+        assert cfg.copy_confidence is None or reads
+
+
 @pytest.mark.helm
 def test_plan_cli_output_renders_with_helm(tmp_path: Path, table) -> None:
     helm = helm_bin()

@@ -132,7 +132,9 @@ def test_sglang_settings_derive_from_the_policy(policy: str) -> None:
         kw["static_k"] = 3
     c = SchedulerConfig.from_dict(kw)
     assert c.num_draft_tokens == 8
-    assert c.ragged_verify_mode == ("static" if policy == "verify_all" else "cap-accept")
+    # Every policy that picks per-request lengths verifies only them unless told otherwise.
+    assert c.ragged_mode is None
+    assert c.ragged_verify_mode == ("static" if policy == "verify_all" else "compact")
 
 
 @pytest.mark.parametrize("mode", ["cap-accept", "compact"])

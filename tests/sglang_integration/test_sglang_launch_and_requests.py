@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dspark_sglang.scheduling.config import SchedulerConfig
+from dspark_sglang.scheduling.config import POLICIES, SchedulerConfig
 from dspark_sglang.sglang_integration import launch, requests
 
 DRAFTER = Path(launch.__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2"
@@ -37,7 +37,7 @@ def test_draft_tokens_must_be_the_drafters_block_plus_one(tmp_path: Path) -> Non
 
 
 def test_scheduler_config_must_fit_the_drafter_and_the_mode(tmp_path: Path) -> None:
-    env = {launch.CONFIG_ENV: _config(tmp_path), launch.RAGGED_MODE_ENV: "cap-accept"}
+    env = {launch.CONFIG_ENV: _config(tmp_path), launch.RAGGED_MODE_ENV: "compact"}
     launch.check_server_args(8, str(DRAFTER), env)
     with pytest.raises(launch.LaunchError, match="SGLANG_RAGGED_VERIFY_MODE is 'static'"):
         launch.check_server_args(8, str(DRAFTER), {**env, launch.RAGGED_MODE_ENV: "static"})
@@ -53,22 +53,62 @@ def test_scheduler_config_must_fit_the_drafter_and_the_mode(tmp_path: Path) -> N
         launch.RAGGED_MODE_ENV: "static",
         launch.GREEDY_DRAFT_ENV: "0",
     }
-    assert launch.scheduler_env(env[launch.CONFIG_ENV])[launch.RAGGED_MODE_ENV] == "cap-accept"
+    assert launch.scheduler_env(env[launch.CONFIG_ENV])[launch.RAGGED_MODE_ENV] == "compact"
     # A config that names its ragged mode gets exactly that mode.
-    compact = _config(tmp_path, ragged_mode="compact")
-    assert launch.scheduler_env(compact)[launch.RAGGED_MODE_ENV] == "compact"
-    launch.check_server_args(8, str(DRAFTER), launch.scheduler_env(compact))
-    with pytest.raises(launch.LaunchError, match="asks for ragged_mode='compact'"):
-        launch.check_server_args(
-            8, str(DRAFTER), {launch.CONFIG_ENV: compact, launch.RAGGED_MODE_ENV: "cap-accept"}
+    for mode, other in (("compact", "cap-accept"), ("cap-accept", "compact")):
+        named = _config(tmp_path, ragged_mode=mode)
+        assert launch.scheduler_env(named)[launch.RAGGED_MODE_ENV] == mode
+        launch.check_server_args(8, str(DRAFTER), launch.scheduler_env(named))
+        with pytest.raises(launch.LaunchError, match=f"asks for ragged_mode='{mode}'"):
+            launch.check_server_args(
+                8, str(DRAFTER), {launch.CONFIG_ENV: named, launch.RAGGED_MODE_ENV: other}
+            )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cap_accept_is_logged_as_saving_no_verify_compute(
+    caplog: pytest.LogCaptureFixture, policy: str
+) -> None:
+    """The check a worker runs on its config at start-up (``check_config``, from
+    ``scheduler_bridge.load_decider``) logs one WARNING for a cap-accept verify of
+    per-request lengths, asked for or not, saying a shorter verify saves nothing there and
+    how to switch; a compact verify, and verify_all's static one, log nothing."""
+    if policy == "verify_all":
+        cases = [(None, "static", False)]
+    else:
+        cases = [
+            ("cap-accept", "cap-accept", True),
+            (None, "cap-accept", True),
+            ("compact", "compact", False),
+            (None, "compact", False),
+        ]
+    for ragged_mode, mode, warns in cases:
+        cfg = SchedulerConfig(
+            block_size=7,
+            policy=policy,  # type: ignore[arg-type]
+            static_k=3 if policy == "static" else None,
+            ragged_mode=ragged_mode,  # type: ignore[arg-type]
         )
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=launch.__name__):
+            launch.check_config(cfg, "tier.yaml", 7, {launch.RAGGED_MODE_ENV: mode})
+        records = [r for r in caplog.records if r.name == launch.__name__]
+        if not warns:
+            assert records == [], (ragged_mode, mode)
+            continue
+        (record,) = records
+        line = record.getMessage()
+        assert record.levelname == "WARNING"
+        assert "cap-accept verifies every request's whole block and only caps acceptance" in line
+        assert "a shorter verify saves no verify compute" in line
+        assert "ragged_mode: compact" in line and "slaTiers[].scheduler.raggedMode: compact" in line
 
 
 def test_argmax_draft_is_on_exactly_for_greedy_only_configs(tmp_path: Path) -> None:
     assert launch.GREEDY_DRAFT_ENV == "SGLANG_DSPARK_USE_GREEDY_DRAFT"
     sampled, greedy = _config(tmp_path), _config(tmp_path, greedy_only=True)
     assert launch.scheduler_env(sampled) == {
-        launch.RAGGED_MODE_ENV: "cap-accept",
+        launch.RAGGED_MODE_ENV: "compact",
         launch.GREEDY_DRAFT_ENV: "0",
         launch.CONFIG_ENV: sampled,
     }
@@ -101,7 +141,7 @@ def test_a_draft_switch_unlike_the_config_is_logged_not_refused(
 ) -> None:
     env = {
         launch.CONFIG_ENV: _config(tmp_path, greedy_only=greedy_only),
-        launch.RAGGED_MODE_ENV: "cap-accept",
+        launch.RAGGED_MODE_ENV: "compact",
     }
     if value is not None:
         env[launch.GREEDY_DRAFT_ENV] = value
@@ -117,7 +157,7 @@ def test_a_draft_switch_unlike_the_config_is_logged_not_refused(
 def test_a_draft_switch_sglang_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
     env = {
         launch.CONFIG_ENV: _config(tmp_path),
-        launch.RAGGED_MODE_ENV: "cap-accept",
+        launch.RAGGED_MODE_ENV: "compact",
         launch.GREEDY_DRAFT_ENV: "maybe",
     }
     with pytest.raises(launch.LaunchError, match="SGLANG_DSPARK_USE_GREEDY_DRAFT='maybe'"):

@@ -120,6 +120,15 @@ release rendered with --skip-schema-validation still fails with a clear message.
 {{- fail (printf "%s: scheduler.copyConfidence is only read by policies prefix and lagged, which rank drafts by confidence (policy is %s); remove copyConfidence" $where $s.policy) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (hasKey $s "raggedMode") (eq $s.policy "verify_all") -}}
+{{- fail (printf "%s: scheduler.raggedMode=%s with policy verify_all: verify_all verifies the whole block in SGLang's static mode; remove raggedMode or choose a policy that picks per-request lengths" $where $s.raggedMode) -}}
+{{- end -}}
+{{- if and (eq (default "" $s.draftDecision) "priced") (not (has $s.policy (list "prefix" "lagged"))) -}}
+{{- fail (printf "%s: scheduler.draftDecision=priced prices drafting rounds with a cost table, which only policies prefix and lagged use (policy is %s); remove draftDecision, set it to always, or set policy: prefix or lagged" $where $s.policy) -}}
+{{- end -}}
+{{- if and (hasKey $s "probeEvery") (ne (default "" $s.draftDecision) "priced") -}}
+{{- fail (printf "%s: scheduler.probeEvery is read only with scheduler.draftDecision=priced; remove probeEvery or set draftDecision: priced" $where) -}}
+{{- end -}}
 {{- with $t.costTable.inline -}}
 {{- $probes := .sample_batch_tokens -}}
 {{- if ne (len $probes) (len .sample_steps_per_sec) -}}
@@ -224,7 +233,9 @@ pre-versioning tables (the profiler no longer publishes that name).
 {{/*
 The scheduler config the plugin reads from $DSPARK_SCHEDULER_CONFIG
 (dspark_sglang/scheduling/config.py field names). Optional knobs are written only
-when set, so the plugin's own defaults apply otherwise.
+when set, so the plugin's own defaults apply otherwise. ragged_mode is always written
+for a policy that picks per-request lengths (dspark.raggedVerifyMode), so the worker
+refuses a SGLANG_RAGGED_VERIFY_MODE that is not the config's.
 */}}
 {{- define "dspark.schedulerConfig" -}}
 {{- $s := .t.scheduler -}}
@@ -250,6 +261,15 @@ context_copy_ngram: {{ int $s.contextCopyNgram }}
 {{- if hasKey $s "copyConfidence" }}
 copy_confidence: {{ include "dspark.float" $s.copyConfidence }}
 {{- end }}
+{{- if ne $s.policy "verify_all" }}
+ragged_mode: {{ include "dspark.raggedVerifyMode" . }}
+{{- end }}
+{{- if hasKey $s "draftDecision" }}
+draft_decision: {{ $s.draftDecision }}
+{{- end }}
+{{- if hasKey $s "probeEvery" }}
+probe_every: {{ int $s.probeEvery }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -265,9 +285,12 @@ string).
 What SGLang is told about the drafts, derived from the tier (never typed twice):
 SGLang's --speculative-num-draft-tokens counts the anchor, so it is blockSize + 1;
 SGLANG_RAGGED_VERIFY_MODE is "static" (verify the whole block, SGLang's own path)
-for verify_all and "cap-accept" for every policy that picks per-request verify
-lengths. SGLANG_DSPARK_USE_GREEDY_DRAFT (SGLang's argmax draft) is "1" exactly for a
-greedyOnly tier: it saves the drafter's sampling and stays lossless, but would lower
+for verify_all; every policy that picks per-request verify lengths runs the tier's
+scheduler.raggedMode, unset "compact" (verify only the chosen drafts, so a shorter
+verify is a cheaper one; with CUDA graphs trimmed to the step's captured token tier).
+"cap-accept" is the opt-in that verifies every request's whole block and only caps
+acceptance (no verify compute saved; the worker logs so). SGLANG_DSPARK_USE_GREEDY_DRAFT
+(SGLang's argmax draft) is "1" exactly for a greedyOnly tier: it saves the drafter's sampling and stays lossless, but would lower
 acceptance for sampled requests, which only such a tier refuses. The plugin holds the
 same rules (SchedulerConfig.ragged_verify_mode, .num_draft_tokens, .greedy_draft) and
 refuses a server whose settings disagree with the first two (the third is logged).
@@ -277,7 +300,7 @@ refuses a server whose settings disagree with the first two (the third is logged
 {{- end -}}
 
 {{- define "dspark.raggedVerifyMode" -}}
-{{- if eq .t.scheduler.policy "verify_all" -}}static{{- else -}}cap-accept{{- end -}}
+{{- if eq .t.scheduler.policy "verify_all" -}}static{{- else -}}{{ default "compact" .t.scheduler.raggedMode }}{{- end -}}
 {{- end -}}
 
 {{- define "dspark.greedyDraft" -}}

@@ -171,7 +171,7 @@ containers:
         value: {{ include "dspark.schedulerConfigPath" . }}
       - name: DSPARK_SLA_TIER
         value: {{ $t.name | quote }}
-      # How SGLang verifies the drafts: derived from the tier's policy (dspark.raggedVerifyMode).
+      # How SGLang verifies the drafts: the tier's policy and raggedMode (dspark.raggedVerifyMode).
       - name: SGLANG_RAGGED_VERIFY_MODE
         value: {{ include "dspark.raggedVerifyMode" . | quote }}
       # Argmax drafts exactly on greedy-only tiers (dspark.greedyDraft).
