@@ -205,6 +205,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         if apply_sts and decider.config.sts_path:
             self._apply_sts(decider.config.sts_path)
         _install_context_copy(self, decider.config)
+        _install_draft_gate(self, decider)
 
     def _timed_verify(self, run: Callable[..., Any]) -> Callable[..., Any]:
         """``run`` (the target's verify of a round) adding its seconds to this round's."""
@@ -230,20 +231,25 @@ class DSparkMoeWorker(DSparkWorkerV2):
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from dspark_sglang.sglang_integration import fallback
+        from dspark_sglang.sglang_integration import draft_gate, fallback
 
         self._dspark_verify_seconds = 0.0
         t0 = self._dspark_clock()
         try:
             result = super()._forward_decode(batch, *args, **kwargs)
             fell_back = getattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
+            skipped = getattr(self._verify_planner, draft_gate.SKIPPED_ATTR, False)
         finally:
-            # A fallback forces "anchor only" for exactly the step it happened in.
+            # A fallback (or a plain step the draft decision chose) forces "anchor only"
+            # for exactly the step it happened in.
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
             setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
+            setattr(self._verify_planner, draft_gate.SKIPPED_ATTR, False)
         seconds = self._dspark_clock() - t0
         timer = self._dspark_round_timer
-        if timer is not None and not fell_back:
+        if timer is not None and skipped:
+            self._observe_plain_step(result, seconds)
+        elif timer is not None and not fell_back:
             # CPU only (``times_rounds``): the round is done when the call returns, and
             # reading its verify lengths costs no synchronisation. A fallback round's
             # time is the drafter's fault, not its shape's, so it is not recorded.
@@ -272,6 +278,17 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 new = result.next_token_ids.reshape(n, -1)
                 self._keep_history(lambda: history.append(batch.req_pool_indices[:n], new, accept))
         return result
+
+    def _observe_plain_step(self, result: Any, seconds: float) -> None:
+        """Price the draft decision's plain steps from their timings (CPU, timed rounds)."""
+        gate = getattr(_fault_guard(self), "draft_gate", None)
+        accept = getattr(result, "accept_lens", None)
+        if gate is None or accept is None or accept.numel() == 0:
+            return
+        if self._dspark_verify_seconds > 0:
+            gate.decision.observe_plain(
+                int(accept.numel()), seconds, min(self._dspark_verify_seconds, seconds)
+            )
 
     def _verify_lens(self, cap_lens: torch.Tensor | None) -> torch.Tensor | int:
         """Each request's verify length in a decode round, from its result's ``cap_lens``.
@@ -389,6 +406,35 @@ def _install_context_copy(worker: Any, config: Any) -> None:
         "DSPARK_MOE: context copies on (%d-gram, copy confidence %.2f)",
         ngram,
         config.copy_confidence_value,
+    )
+
+
+def _install_draft_gate(worker: Any, decider: Any) -> None:
+    """The draft decision before each draft pass (``draft_gate``), if the config asks."""
+    from dspark_sglang.sglang_integration.draft_gate import DraftGate
+
+    decision = getattr(decider, "draft_decision", None)
+    guard = _fault_guard(worker)
+    if decision is None or guard is None:
+        return
+    commit = getattr(worker, "_deferred_commit", None)
+    if callable(commit) and commit() is not None:
+        # A deferred context-KV commit is stored by the next draft forward; a step
+        # without one would leave it pending (SGLANG_DSPARK_DEFER_CONTEXT_KV).
+        logger.warning(
+            "DSPARK_MOE: draft_decision: priced is off because SGLANG_DSPARK_DEFER_CONTEXT_KV "
+            "stores the draft context in the next draft pass; every step drafts"
+        )
+        return
+    guard.draft_gate = DraftGate(
+        decision,
+        records=vars(worker).get("_dspark_records", True),
+        log=getattr(decider, "decision_log", None),
+    )
+    logger.info(
+        "DSPARK_MOE: draft decision on (priced; a plain step where a drafting round pays "
+        "less; probe every %d steps)",
+        decision.probe_every,
     )
 
 

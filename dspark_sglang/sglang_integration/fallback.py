@@ -221,6 +221,8 @@ class GuardedPropose:
         self.fallbacks = 0
         #: Rewrites each healthy step's proposal after :meth:`fold` (context copies), or None.
         self.context_copy: Callable[..., Any] | None = None
+        #: Decides per step whether to draft at all (``draft_gate.DraftGate``), or None.
+        self.draft_gate: Any = None
         self.inject_every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
         self.inject_mode = os.environ.get(FAULT_MODE_ENV, "raise")
         if self.inject_mode not in ("raise", "nan"):
@@ -236,6 +238,9 @@ class GuardedPropose:
         return self.inject_every > 0 and self.calls % self.inject_every == 0
 
     def __call__(self, **kw: Any) -> Any:
+        gate = self.draft_gate
+        if gate is not None and not gate.drafts(kw["batch"], int(kw["bs"])):
+            return self._plain_step(**kw)
         self.calls += 1
         try:
             if self._inject() and self.inject_mode == "raise":
@@ -259,7 +264,17 @@ class GuardedPropose:
                     type(exc).__name__,
                     exc,
                 )
+        if gate is not None:
+            gate.observe(kw["batch"], int(kw["bs"]), proposal)
         return proposal
+
+    def _plain_step(self, **kw: Any) -> Any:
+        """The draft decision chose a plain decode step: the placeholder, no drafter call."""
+        from dspark_sglang.sglang_integration.draft_gate import SKIPPED_ATTR
+
+        setattr(self.planner, FORCE_PLAIN_ATTR, True)
+        setattr(self.planner, SKIPPED_ATTR, True)
+        return self._placeholder(**kw)
 
     def fold(self, proposal: Any, **kw: Any) -> Any:
         """Non-finite rows -> placeholder rows, their verify length capped at 1 (device)."""
@@ -289,6 +304,11 @@ class GuardedPropose:
             bs,
         )
         setattr(self.planner, FORCE_PLAIN_ATTR, True)
+        return self._placeholder(**kw)
+
+    def _placeholder(self, **kw: Any) -> Any:
+        """:func:`plain_decoding_proposal` for this step's batch."""
+        bs = int(kw["bs"])
         anchor = kw["draft_input"].bonus_tokens.view(-1)[:bs]
         width = (
             self.gamma + 1 if getattr(self.proposer, "sample_from_anchor", False) else self.gamma

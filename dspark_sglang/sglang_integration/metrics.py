@@ -67,6 +67,12 @@ def _get() -> dict[str, Any]:
                 ["reason"],
             ),
             rounds=Counter("dspark_rounds", "DSpark verify rounds (decode steps)"),
+            draft_steps=Counter(
+                "dspark_draft_request_steps",  # exposed as dspark_draft_request_steps_total
+                "Request-steps by whether the step ran the draft pass (draft_decision: priced "
+                "runs plain decode steps where drafting does not pay)",
+                ["drafted"],
+            ),
             refused=Counter(
                 "dspark_requests_refused",  # exposed as dspark_requests_refused_total
                 "Requests refused with HTTP 400 before scheduling (sglang_integration.requests)",
@@ -89,6 +95,8 @@ def _get() -> dict[str, Any]:
             _metrics["fallback"].labels(reason=reason)
         for reason in REFUSAL_REASONS:
             _metrics["refused"].labels(reason=reason)
+        for drafted in ("true", "false"):
+            _metrics["draft_steps"].labels(drafted=drafted)
         return _metrics
 
 
@@ -126,6 +134,12 @@ def set_round_cost_shapes(shapes: int) -> None:
 def count_fallback(reason: str, steps: int = 1) -> None:
     if steps:
         _get()["fallback"].labels(reason=reason).inc(steps)
+
+
+def count_draft_request_steps(drafted: bool, requests: int) -> None:
+    """``requests`` request-steps of one decode step that did (or did not) draft."""
+    if requests:
+        _get()["draft_steps"].labels(drafted="true" if drafted else "false").inc(requests)
 
 
 def count_refused(reason: str) -> None:

@@ -53,6 +53,7 @@ from dspark_sglang.scheduling.cost_table import (
     load_cost_table,
 )
 from dspark_sglang.scheduling.device_policies import device_twin
+from dspark_sglang.scheduling.draft_decision import DraftDecision
 from dspark_sglang.scheduling.policies import SchedulingPolicy, policy_from_config
 from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
 from dspark_sglang.sglang_integration import metrics, startup_profile, sync_probe
@@ -104,6 +105,8 @@ class VerifyDecider:
     timings: RoundTimings = field(default_factory=RoundTimings)
     #: What the policy prices rounds with now: ``RoundCosts`` once a shape is measured.
     cost_model: CostModel | None = None
+    #: Whether each step drafts at all (``draft_decision: priced``), else None.
+    draft_decision: DraftDecision | None = None
     #: Measured shapes at the last INFO line (the next one comes at twice as many).
     _logged_shapes: float = field(default=0.5, repr=False)
 
@@ -170,8 +173,15 @@ class VerifyDecider:
                 rest or "none yet",
             )
 
-    def verify_lens(self, confidence: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """Decide drafts per request from this step's confidences ``[N, B]``."""
+    def verify_lens(
+        self,
+        confidence: torch.Tensor,
+        device: torch.device,
+        prefix_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Decide drafts per request from this step's confidences ``[N, B]``.
+
+        ``prefix_lens`` (each request's length before the round) only goes to the log."""
         t0 = time.perf_counter()
         with sync_probe.sync_free("VerifyDecider.verify_lens"):
             given = confidence.detach().float().clamp(0.0, 1.0)
@@ -189,6 +199,7 @@ class VerifyDecider:
                 "policy": self.policy.name,
                 "confidence": given.tolist(),
                 "verify_lens": lens.tolist(),
+                "prefix_lens": None if prefix_lens is None else prefix_lens.tolist(),
                 # What the policy priced this round at (None: no table), and from what.
                 "round_seconds": None
                 if model is None
@@ -277,6 +288,14 @@ def load_decider(
         # decider keeps only its device twin, which holds a device copy.
         cost_model=policy.cost_model if uses_table else None,
     )
+    if cfg.draft_decision == "priced" and policy_table is not None:
+        decider.draft_decision = DraftDecision(
+            block_size=gamma,
+            probe_every=cfg.probe_every_value,
+            round_model=lambda: decider.cost_model,
+            plain_table=policy_table,
+            max_verify_tokens=cfg.max_verify_tokens,
+        )
     if records and uses_table and cfg.draft_step_seconds is None and not decider.times_rounds:
         logger.info(
             "DSPARK_MOE: draft_step_seconds is unset and the worker runs on %s, where timing "
@@ -340,7 +359,11 @@ def schedule_verify_lens_hook(original: Callable[..., Any], planner: Any, **kw: 
     decider: VerifyDecider | None = getattr(planner, DECIDER_ATTR, None)
     confidence = kw.get("confidence")
     ours = decider is not None and confidence is not None
-    lens = decider.verify_lens(confidence, kw["device"]) if ours else original(planner, **kw)
+    lens = (
+        decider.verify_lens(confidence, kw["device"], kw.get("prefix_lens"))
+        if ours
+        else original(planner, **kw)
+    )
     if ours and planner.is_compact_mode and sizes_graph_tiers(planner):
         # The CUDA-graph tier is sized from SGLang's budget, not from our lengths.
         with sync_probe.sync_free("schedule_verify_lens_hook.fit_to_budget"):

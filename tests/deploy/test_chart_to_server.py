@@ -271,15 +271,91 @@ def test_every_metric_operators_are_shown_is_emitted(tier: Tier) -> None:
         assert missing == [], f"{where} names metrics nothing emits: {missing}"
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One decode step of the decision log (``DSPARK_DECISION_LOG``)."""
+
+    #: The ``draft_decision`` row (``draft_decision: priced`` only), else None.
+    gate: dict[str, Any] | None
+    #: The policy's decision row (``verify_lens``); None for a plain step, which drafts
+    #: nothing and does not call the policy.
+    decision: dict[str, Any] | None
+    #: The verify lengths SGLang used (``used_verify_lens``).
+    used: list[int] | None
+
+
+def _decode_steps(rows: list[dict[str, Any]], priced: bool) -> list[_Step]:
+    """Pair each decision with the lengths used in the same step; recognise plain steps.
+
+    The log is written in step order. A drafting step writes its ``draft_decision`` row
+    (``"drafts": true``, only with ``draft_decision: priced``), the policy's decision row,
+    then ``used_verify_lens`` (``timed_round`` rows, read by the replay, may come between).
+    A plain step writes ``draft_decision`` with ``"drafts": false``, then
+    ``used_verify_lens``: no decision row.
+    """
+    steps: list[_Step] = []
+    gate: dict[str, Any] | None = None
+    decision: dict[str, Any] | None = None
+    for i, r in enumerate(rows):
+        if "draft_decision" in r:
+            assert priced, f"row {i}: a draft_decision row, and the tier drafts always: {r}"
+            assert gate is None and decision is None, f"row {i}: the last step never ended"
+            gate = r["draft_decision"]
+        elif "verify_lens" in r:
+            assert decision is None, f"row {i}: two decisions in one step"
+            if priced:
+                assert gate is not None, f"row {i}: a decision without a draft_decision row"
+                assert gate["drafts"] is True, f"row {i}: the policy decided a plain step"
+            decision = r
+        elif "used_verify_lens" in r:
+            if decision is None:
+                assert gate is not None, f"row {i}: used lengths of no decision and no plain step"
+                assert gate["drafts"] is False, f"row {i}: a drafting step without a decision"
+            steps.append(_Step(gate, decision, r["used_verify_lens"]))
+            gate, decision = None, None
+    assert gate is None and decision is None, "the log ends inside a decode step"
+    return steps
+
+
 def test_verify_lengths_are_the_tier_policys(tier: Tier) -> None:
-    """Replay every logged decision through the tier's own config: same lengths, used as is."""
+    """Replay every logged decision through the tier's own config: same lengths, used as is.
+
+    With ``draft_decision: priced`` the plain steps (no draft pass) verify every anchor only
+    and are not decided by the policy; each decision is paired with its own step's lengths.
+    """
+    gated = tier.config.draft_decision == "priced"
     # 16 tokens, never cut short: ~10 decode rounds at the drafter's ~1.5 tokens a round.
+    # A priced tier may run plain steps instead (at least one step in probe_every + 1
+    # drafts), so it is asked again until the policy has decided enough steps.
     body = _chat(tier, "Explain rain in two sentences.", max_tokens=16, ignore_eos=True)
-    tier.post("/v1/chat/completions", body)
-    rows = [json.loads(line) for line in tier.decision_log.read_text().splitlines()]
-    decided = [r for r in rows if "verify_lens" in r]
-    used = [r["used_verify_lens"] for r in rows if "used_verify_lens" in r]
+    for _ in range(8 if gated else 1):
+        tier.post("/v1/chat/completions", body)
+        rows = [json.loads(line) for line in tier.decision_log.read_text().splitlines()]
+        steps = _decode_steps(rows, gated)
+        if sum(s.decision is not None for s in steps) >= 8:
+            break
+    decided = [s.decision for s in steps if s.decision is not None]
+    used = [s.used for s in steps if s.decision is not None]
     assert len(decided) >= 8, "too few decode steps were decided by our policy"
+    # Plain steps: every request verifies its anchor only.
+    plain = [s for s in steps if s.decision is None]
+    for s in plain:
+        assert s.used and all(n == 1 for n in s.used), s
+    gates = [s.gate for s in steps if s.gate is not None]
+    if gated:
+        # Every step was priced first, each decision follows from its own prices, and a
+        # batch never goes more than probe_every steps without drafting.
+        assert len(gates) == len(steps) > 0, "draft_decision: priced and no draft_decision rows"
+        for g in gates:
+            pays = g["reason"] != "priced" or g["draft_tok_s"] > g["plain_tok_s"]
+            assert g["drafts"] is pays, g
+        run, longest = 0, 0
+        for s in steps:
+            run = 0 if s.decision is not None else run + 1
+            longest = max(longest, run)
+        assert longest <= tier.config.probe_every_value, (longest, tier.config.probe_every)
+    else:
+        assert not gates and not plain, "a tier that drafts always ran plain steps"
     import torch
 
     from dspark_sglang.scheduling.cost_table import load_cost_table

@@ -1,0 +1,153 @@
+"""Whether a decode step drafts at all: a drafting round priced against a plain step.
+
+A speculative round pays the draft pass for every running request, whatever the
+policy then verifies. Where the drafts a batch can expect to keep are worth less
+than that cost (a compute-bound batch, a request the drafter reads badly), a plain
+decode step is faster: no draft pass, and the target verifies each anchor only.
+
+The decision, made once per step before anything is drafted, over the ``N`` running
+requests:
+
+* Evidence: each request's calibrated confidences ``c_{i,1..B}`` from its last
+  drafting round (:meth:`DraftDecision.observe`). A request with none yet borrows the
+  mean row of those that have some; with none at all the step drafts.
+* Probe: a step drafts when the batch's last drafting step is ``probe_every`` steps
+  old, so a paused batch refreshes its evidence and comes back when it improves.
+* Otherwise the step drafts iff Algorithm 1 (the prefix scheduler) on the lagged
+  confidences finds a round worth more tokens per second than a plain step::
+
+      max_l  tau(l) * SPS_round(N, N + sum_i l_i)  >  N / plain_seconds(N)
+
+  with ``tau(l) = N + sum_i sum_{k <= l_i} A_{i,k}`` and ``A`` the survival
+  ``cumprod(c)``. ``SPS_round`` is the policy's cost model (the target's table plus
+  the draft pass: ``draft_step_seconds`` or the rounds a CPU worker timed);
+  ``plain_seconds`` comes from the plain steps this decision timed
+  (:meth:`DraftDecision.observe_plain`), else from the target-only table.
+
+Invariant (lossless): the decision reads confidences of rounds that are over, step
+counts and costs, and is made before the step's drafts exist, so it cannot depend on
+them. A step that does not draft is plain decoding: the target emits its own token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark_sglang.scheduling.cost_table import CostModel, CostTable
+from dspark_sglang.scheduling.policies import PrefixScheduler, survival
+from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
+
+__all__ = ["DraftDecision", "StepPrice"]
+
+_F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    """What one decision compared: tokens per second of each option (``None``: not priced)."""
+
+    draft_tok_s: float | None
+    plain_tok_s: float | None
+    reason: str
+    """``priced``, ``no_evidence`` or ``probe``."""
+
+    @property
+    def drafts(self) -> bool:
+        if self.reason != "priced":
+            return True
+        assert self.draft_tok_s is not None and self.plain_tok_s is not None
+        return self.draft_tok_s > self.plain_tok_s
+
+
+@dataclass
+class DraftDecision:
+    """Per step: draft, or run a plain decode step (module doc).
+
+    ``round_model`` returns the cost model the policy prices drafting rounds with now
+    (it changes as a CPU worker times rounds); ``plain_table`` is the target-only table.
+    ``key`` identifies a request across steps (SGLang's request id).
+    """
+
+    block_size: int
+    probe_every: int
+    round_model: Callable[[], CostModel]
+    plain_table: CostTable
+    max_verify_tokens: int | None = None
+    evidence: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+    plain_timings: RoundTimings = field(default_factory=RoundTimings)
+    plain_costs: RoundCosts | None = None
+    steps_since_draft: int = 0
+    last: StepPrice | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.probe_every, bool) or int(self.probe_every) < 1:
+            raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
+        if int(self.block_size) < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
+
+    def price(self, keys: Sequence[Hashable]) -> StepPrice:
+        """Price this step for the requests ``keys`` (no state changes)."""
+        n = len(keys)
+        if n == 0:
+            return StepPrice(None, None, "no_evidence")
+        if self.steps_since_draft >= self.probe_every:
+            return StepPrice(None, None, "probe")
+        known = [self.evidence[k] for k in keys if k in self.evidence]
+        if not known:
+            return StepPrice(None, None, "no_evidence")
+        mean = torch.stack(known).mean(dim=0)
+        conf = torch.stack([self.evidence.get(k, mean) for k in keys])
+        model = self.round_model()
+        lens = PrefixScheduler(model, self.max_verify_tokens).decide(conf)
+        surv = survival(conf).to(_F64)
+        kept = torch.arange(conf.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
+        tau = n + float((surv * kept).sum())
+        tokens = torch.tensor([n + int(lens.sum())])
+        draft = tau * float(model.steps_per_sec(n, tokens)[0])
+        plain = n / self.plain_seconds(n)
+        return StepPrice(draft, plain, "priced")
+
+    def decide(self, keys: Sequence[Hashable]) -> bool:
+        """Whether this step drafts; advances the step count and forgets finished requests."""
+        live = set(keys)
+        for gone in [k for k in self.evidence if k not in live]:
+            del self.evidence[gone]
+        self.last = self.price(keys)
+        drafts = self.last.drafts
+        self.steps_since_draft = 0 if drafts else self.steps_since_draft + 1
+        return drafts
+
+    def observe(self, keys: Sequence[Hashable], confidence: torch.Tensor) -> None:
+        """Record a drafting round's calibrated confidences ``[>= len(keys), B]`` per request.
+
+        Values are read on the host: call with confidences that are already there, or
+        accept the read (a CPU worker's are).
+        """
+        conf = confidence.detach()[: len(keys), : self.block_size].float().cpu().clamp(0.0, 1.0)
+        if conf.shape != (len(keys), self.block_size):
+            raise ValueError(
+                f"confidence must be [{len(keys)}, {self.block_size}] for {len(keys)} requests, "
+                f"got {tuple(confidence.shape)}"
+            )
+        for k, row in zip(keys, conf, strict=True):
+            self.evidence[k] = row
+
+    def observe_plain(self, num_reqs: int, step_seconds: float, verify_seconds: float) -> None:
+        """Record a plain step this decision chose: ``num_reqs`` anchors in ``step_seconds``."""
+        self.plain_timings.add(num_reqs, num_reqs, step_seconds, verify_seconds)
+        if self.plain_timings.ready:
+            base = self.plain_table
+            self.plain_costs = self.plain_timings.snapshot(base)
+
+    def plain_seconds(self, n: int) -> float:
+        """Seconds of a plain step of ``n`` requests: timed plain steps, else the table."""
+        at = torch.tensor([n])
+        if self.plain_costs is not None and self.plain_costs.rest:
+            return float(self.plain_costs.step_seconds(n, at)[0])
+        model = self.round_model()
+        if isinstance(model, RoundCosts):
+            return float(model.verify_seconds(n, at)[0])
+        return float(1.0 / self.plain_table.steps_per_sec(n, at)[0])
