@@ -426,7 +426,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 def parser() -> argparse.ArgumentParser:
     from dspark_sglang.cli.base import context_copy_ngram
     from dspark_sglang.model.context_copy import DEFAULT_NGRAM
-    from dspark_sglang.scheduling.config import POLICIES
+    from dspark_sglang.sglang_integration.demo import ENGINE_POLICIES
     from dspark_sglang.targets.smollm2 import DEFAULT_DRAFTER_DIR
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -436,7 +436,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policies",
         nargs="*",
-        choices=(SGLANG_DECISION, *POLICIES),
+        choices=(SGLANG_DECISION, *ENGINE_POLICIES),
         default=[SGLANG_DECISION, "mtp1", "prefix"],
         help="DSPARK_MOE verify policies, one engine each ('sglang': SGLang's own decision; "
         "give the flag with no name for no DSPARK_MOE engine)",
@@ -533,8 +533,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not 0 < args.mem_fraction_static < 1:
         ap.error(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
     from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
+    from dspark_sglang.sglang_integration.demo import split_policy
 
-    if args.cost_table is not None and not set(args.policies) & set(NEEDS_COST_TABLE):
+    base_policies = {split_policy(p)[0] for p in args.policies}
+    if args.cost_table is not None and not base_policies & set(NEEDS_COST_TABLE):
         ap.error(f"--cost-table feeds policies {'/'.join(NEEDS_COST_TABLE)}: none is selected")
     if ("static" in args.policies) != (args.static_k is not None):
         ap.error("--static-k goes with policy static, and policy static needs --static-k")

@@ -24,9 +24,13 @@ from dspark_sglang.cli.base import (
     decoding_options,
     resolve_context_copy,
 )
-from dspark_sglang.scheduling.config import POLICIES
 from dspark_sglang.sglang_integration.cpu_dtype import DTYPE_CHOICES
-from dspark_sglang.sglang_integration.demo import DEFAULT_COMPARE, DEFAULT_POLICY
+from dspark_sglang.sglang_integration.demo import (
+    DEFAULT_COMPARE,
+    DEFAULT_POLICY,
+    ENGINE_POLICIES,
+    PRICED_SUFFIX,
+)
 from dspark_sglang.sglang_integration.launch import SGLANG_DECISION
 
 
@@ -44,16 +48,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         policy_help=(
             f"scheduling policy of the DSPARK_MOE engine whose ratio leads the report. SGLang "
             f"engine default: {DEFAULT_POLICY}, our hardware-aware prefix scheduler, with a "
-            f"cost table the worker measures at start-up and the drafter's STS file; "
-            f"'{SGLANG_DECISION}': SGLang's own decision (the whole block). Reference default: "
-            "verify_all"
+            f"cost table the worker measures at start-up and the drafter's STS file, running "
+            f"the draft pass only in steps where its measured cost pays ('{PRICED_SUFFIX}'; "
+            f"plain 'prefix' drafts every step); '{SGLANG_DECISION}': SGLang's own decision "
+            "(the whole block). Reference default: verify_all"
         ),
-        extra_policies=(SGLANG_DECISION,),
+        extra_policies=(SGLANG_DECISION, *(p for p in ENGINE_POLICIES if PRICED_SUFFIX in p)),
     )
     p.add_argument(
         "--compare",
         nargs="*",
-        choices=(SGLANG_DECISION, *POLICIES),
+        choices=(SGLANG_DECISION, *ENGINE_POLICIES),
         default=None,
         metavar="POLICY",
         help=f"--engine sglang: more DSPARK_MOE engines timed in the same run, in turns with "
@@ -123,6 +128,11 @@ def _reference_demo(args: argparse.Namespace, console: Any) -> int:
         if args.dtype == "bfloat16":
             raise ValueError(
                 "--dtype bfloat16 needs --engine sglang; the reference generator runs float32"
+            )
+        if args.policy and args.policy.endswith(PRICED_SUFFIX):
+            raise ValueError(
+                f"--policy {args.policy} decides per step whether SGLang's DSPARK_MOE worker "
+                "drafts, which needs --engine sglang; the reference generator drafts every step"
             )
         if args.policy == SGLANG_DECISION or args.compare is not None:
             raise ValueError(

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_sglang.model.context_copy import default_ngram
-from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
+from dspark_sglang.scheduling.config import NEEDS_COST_TABLE, POLICIES
 from dspark_sglang.sglang_integration.cpu_dtype import DtypeChoice, choose_cpu_dtype, read_cpuinfo
 from dspark_sglang.sglang_integration.demo_report import EngineRun, report
 from dspark_sglang.sglang_integration.greedy_check import (
@@ -89,6 +89,8 @@ from dspark_sglang.sglang_integration.launch import (
 __all__ = [
     "DEFAULT_COMPARE",
     "DEFAULT_POLICY",
+    "ENGINE_POLICIES",
+    "PRICED_SUFFIX",
     "DemoEngine",
     "DemoError",
     "DemoPlan",
@@ -100,6 +102,7 @@ __all__ = [
     "resolve_drafter",
     "run_engines",
     "run_sglang_demo",
+    "split_policy",
     "target_top_tokens",
     "write_scheduler_config",
 ]
@@ -117,10 +120,25 @@ DEFAULT_PASSES = 3
 #: plain decoding gains from the batch).
 DEFAULT_CONCURRENCY = 1
 
+#: An engine name's suffix for ``draft_decision: priced`` (``prefix+priced``): each step
+#: drafts only where the measured costs price a drafting round above a plain step.
+PRICED_SUFFIX = "+priced"
+#: Every engine name a demo or benchmark accepts for our policies.
+ENGINE_POLICIES: tuple[str, ...] = (*POLICIES, *(p + PRICED_SUFFIX for p in NEEDS_COST_TABLE))
+
 #: The verify policy of the DSPARK_MOE engine the report leads with when ``--policy`` is
 #: not given: our hardware-aware prefix scheduler, on a cost table the worker measures at
-#: start-up in the engine's own settings and the drafter's STS file.
-DEFAULT_POLICY = "prefix"
+#: start-up in the engine's own settings and the drafter's STS file, drafting only in
+#: steps where a drafting round pays (``draft_decision: priced``).
+DEFAULT_POLICY = "prefix" + PRICED_SUFFIX
+
+
+def split_policy(name: str) -> tuple[str, str]:
+    """``(policy, draft_decision)`` of an engine name (``prefix+priced``, ``mtp1``, ...)."""
+    if name.endswith(PRICED_SUFFIX):
+        return name.removesuffix(PRICED_SUFFIX), "priced"
+    return name, "always"
+
 
 #: The DSPARK_MOE engines timed beside it when ``--compare`` is not given: SGLang's own
 #: decision (the whole block) and one draft per round.
@@ -375,9 +393,10 @@ def write_scheduler_config(
     what the engines run in; a cost table measured in
     another one is used, with a warning.
     """
-    policy = args.policy if policy is None else policy
-    if policy is None or policy == SGLANG_DECISION:
+    name = args.policy if policy is None else policy
+    if name is None or name == SGLANG_DECISION:
         return None
+    policy, draft_decision = split_policy(name)
     from dspark_sglang.scheduling.config import SchedulerConfig
 
     sts = args.sts
@@ -423,8 +442,9 @@ def write_scheduler_config(
         # is cheaper than verifying the block and capping acceptance.
         ragged_mode=None if policy == "verify_all" else "compact",
         context_copy_ngram=copies if policy != "none" else 0,
+        draft_decision=draft_decision,
     )
-    path = workdir / f"scheduler-{policy}.yaml"
+    path = workdir / f"scheduler-{name.replace(PRICED_SUFFIX, '-priced')}.yaml"
     cfg.save(path)
     return path
 

@@ -107,10 +107,11 @@ def _demo_args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_demo_leads_with_prefix_beside_the_whole_block_and_mtp1() -> None:
-    assert demo_policies(_demo_args()) == ("prefix", SGLANG_DECISION, "mtp1")
+    assert demo_policies(_demo_args()) == ("prefix+priced", SGLANG_DECISION, "mtp1")
     # A lead named in --compare too runs once; --compare with no names runs the lead only.
     assert demo_policies(_demo_args("--policy", SGLANG_DECISION)) == (SGLANG_DECISION, "mtp1")
-    assert demo_policies(_demo_args("--compare")) == ("prefix",)
+    assert demo_policies(_demo_args("--compare")) == ("prefix+priced",)
+    assert demo_policies(_demo_args("--policy", "prefix", "--compare")) == ("prefix",)
     assert demo_policies(_demo_args("--policy", "static", "--compare", "mtp1", "mtp1")) == (
         "static",
         "mtp1",
@@ -128,10 +129,15 @@ def test_several_engines_get_one_config_file_each(tmp_path: Path) -> None:
         for policy in demo_policies(args)
     }
     assert paths[SGLANG_DECISION] is None  # SGLang's own decision: no config
-    assert paths["prefix"] != paths["mtp1"]
-    for policy in ("prefix", "mtp1"):
-        path = paths[policy]
-        assert path is not None and SchedulerConfig.load(path).policy == policy
+    assert paths["prefix+priced"] != paths["mtp1"]
+    for name, policy, decision in (
+        ("prefix+priced", "prefix", "priced"),
+        ("mtp1", "mtp1", "always"),
+    ):
+        path = paths[name]
+        assert path is not None
+        cfg = SchedulerConfig.load(path)
+        assert (cfg.policy, cfg.draft_decision) == (policy, decision)
     env = DemoEngine(SGLANG_DECISION, None).env
     assert env["SGLANG_RAGGED_VERIFY_MODE"] == "static" and "DSPARK_SCHEDULER_CONFIG" not in env
     assert DemoEngine("mtp1", paths["mtp1"]).label == "DSPARK_MOE (mtp1)"
