@@ -18,6 +18,7 @@ the figures in ``benchmarks/results/serve_contract.json``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -42,6 +43,7 @@ from dspark_sglang.bench.serve_contract import (
     summarise,
 )
 from dspark_sglang.sglang_integration.fallback import FAULT_EVERY_ENV
+from dspark_sglang.sglang_integration.launch import DECISION_LOG_ENV
 from dspark_sglang.sglang_integration.server import RunningServer, server_process
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.helm]
@@ -68,7 +70,15 @@ def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     (tier, *_) = server_workloads(render(SHIPPED[0]), SHIPPED[0].name)
     root = tmp_path_factory.mktemp("serve-contract")
     launch = cpu_launch(tier, root / "pod", smollm2_path, sys.executable)
-    env = {**os.environ, **launch.env, FAULT_EVERY_ENV: str(FAULT_EVERY)}
+    # The decision log says which steps ran the drafter (the tier's draft decision may
+    # run plain decode steps, which draw no fault).
+    log = root / "decisions.jsonl"
+    env = {
+        **os.environ,
+        **launch.env,
+        FAULT_EVERY_ENV: str(FAULT_EVERY),
+        DECISION_LOG_ENV: str(log),
+    }
     argv = [*launch.argv, "--dtype", "float32"]
     with server_process(argv, env, launch.base_url, root / "server.log", ready_path="/health") as s:
         yield s
@@ -120,11 +130,20 @@ def test_load_with_disconnects_and_faults_loses_nothing(
     ]
     assert wrong == [], f"greedy requests whose text is not plain greedy decoding: {wrong}"
     assert health and set(health) == {200}, f"/health answered {sorted(set(health))}"
-    # Every injected fault fell back, and only those (one draft step per decode round).
+    # Every injected fault fell back, and only those: every FAULT_EVERY-th draft step. A
+    # draft step is a decode round that ran the drafter (all of them without a draft
+    # decision; with one, the rounds its log says drafted).
     time.sleep(1.0)
     rounds = _metric(server, "dspark_rounds_total")
     fallbacks = _metric(server, "dspark_fallback_total")
-    assert fallbacks == rounds // FAULT_EVERY > 0, (fallbacks, rounds)
+    decisions = [
+        json.loads(line)["draft_decision"]
+        for line in (server.log_path.parent / "decisions.jsonl").read_text().splitlines()
+        if '"draft_decision"' in line
+    ]
+    drafted = sum(d["drafts"] for d in decisions) if decisions else rounds
+    assert len(decisions) in (0, rounds), (len(decisions), rounds)
+    assert fallbacks == drafted // FAULT_EVERY > 0, (fallbacks, drafted, rounds)
 
 
 def test_malformed_requests_get_4xx_and_the_server_stays_healthy(
