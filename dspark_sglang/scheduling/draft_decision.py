@@ -8,9 +8,11 @@ decode step is faster: no draft pass, and the target verifies each anchor only.
 The decision, made once per step before anything is drafted, over the ``N`` running
 requests:
 
-* Evidence: each request's calibrated confidences ``c_{i,1..B}`` from its last
-  drafting round (:meth:`DraftDecision.observe`). A request with none yet borrows the
-  mean row of those that have some; with none at all the step drafts.
+* Evidence: each request's calibrated confidences ``c_{i,1..B}`` from its drafting
+  rounds (:meth:`DraftDecision.observe`), averaged with weight :data:`EVIDENCE_WEIGHT` on
+  the latest round (so one poor block does not pause a request that drafts well). A
+  request with none yet borrows the mean row of those that have some; with none at all
+  the step drafts.
 * Probe: a step drafts when the batch's last drafting step is ``probe_every`` steps
   old, so a paused batch refreshes its evidence and comes back when it improves.
 * Otherwise the step drafts iff Algorithm 1 (the prefix scheduler) on the lagged
@@ -40,9 +42,11 @@ from dspark_sglang.scheduling.cost_table import CostModel, CostTable
 from dspark_sglang.scheduling.policies import PrefixScheduler, survival
 from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
 
-__all__ = ["DraftDecision", "StepPrice"]
+__all__ = ["EVIDENCE_WEIGHT", "DraftDecision", "StepPrice"]
 
 _F64 = torch.float64
+EVIDENCE_WEIGHT = 0.5
+"""Weight of a request's latest drafting round in its evidence (the rest: its earlier ones)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,8 @@ class DraftDecision:
         return drafts
 
     def observe(self, keys: Sequence[Hashable], confidence: torch.Tensor) -> None:
-        """Record a drafting round's calibrated confidences ``[>= len(keys), B]`` per request.
+        """Add a drafting round's calibrated confidences ``[>= len(keys), B]`` to each
+        request's evidence (the running average of the module doc).
 
         Values are read on the host: call with confidences that are already there, or
         accept the read (a CPU worker's are).
@@ -133,7 +138,8 @@ class DraftDecision:
                 f"got {tuple(confidence.shape)}"
             )
         for k, row in zip(keys, conf, strict=True):
-            self.evidence[k] = row
+            old = self.evidence.get(k)
+            self.evidence[k] = row if old is None else torch.lerp(old, row, EVIDENCE_WEIGHT)
 
     def observe_plain(self, num_reqs: int, step_seconds: float, verify_seconds: float) -> None:
         """Record a plain step this decision chose: ``num_reqs`` anchors in ``step_seconds``."""

@@ -59,7 +59,8 @@ def test_no_evidence_drafts_and_a_new_request_borrows_the_mean() -> None:
     assert d.decide(["a"]) is True and d.last is not None and d.last.reason == "no_evidence"
     d.observe(["a"], torch.tensor([[0.02, 0.01, 0.01]]))
     assert d.decide(["a", "new"]) is False  # "new" priced with a's poor row
-    d.observe(["a"], torch.tensor([[0.95, 0.95, 0.95]]))
+    d.observe(["a"], torch.tensor([[0.98, 0.98, 0.98]]))
+    assert d.evidence["a"].tolist() == pytest.approx([0.5, 0.495, 0.495])  # the average
     assert d.decide(["a", "new"]) is True
 
 
