@@ -63,8 +63,8 @@ def _attend_one(
 
 def _gqa_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | tuple[torch.Tensor, ...],
+    v: torch.Tensor | tuple[torch.Tensor, ...],
     visible: torch.Tensor,
     sm_scale: float,
     logit_cap: float,
@@ -73,14 +73,19 @@ def _gqa_attention(
     """Masked attention for a padded batch.
 
     q ``[B, Q, H, D]``, k ``[B, L, Hkv, D]``, v ``[B, L, Hkv, Dv]``,
-    visible ``[B, Q, L]`` bool. Returns ``[B, Q, H, Dv]`` in float32.
+    visible ``[B, Q, L]`` bool. Returns ``[B, Q, H, Dv]`` in float32. ``k`` and ``v`` may be
+    tuples of parts along ``L`` (visible covers their concatenation): the scores are
+    joined instead of the keys, so no part is copied.
     """
+    ks = k if isinstance(k, tuple) else (k,)
+    vs = v if isinstance(v, tuple) else (v,)
     bsz, nq, heads, dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = ks[0].shape[2]
     group = heads // kv_heads
     qg = q.float().reshape(bsz, nq, kv_heads, group, dim)
     # scores[b, h_kv, g, q, l]
-    scores = torch.einsum("bqhgd,blhd->bhgql", qg, k.float()) * sm_scale
+    parts = [torch.einsum("bqhgd,blhd->bhgql", qg, kp.float()) for kp in ks]
+    scores = (parts[0] if len(parts) == 1 else torch.cat(parts, -1)) * sm_scale
     if logit_cap > 0:
         scores = logit_cap * torch.tanh(scores / logit_cap)
     mask = visible[:, None, None, :, :]
@@ -93,8 +98,12 @@ def _gqa_attention(
         probs = probs[..., :-1]
     # Rows with nothing visible (padding) give NaN from softmax(-inf...): zero them.
     probs = torch.nan_to_num(probs, nan=0.0)
-    out = torch.einsum("bhgql,blhd->bqhgd", probs, v.float())
-    return out.reshape(bsz, nq, heads, v.shape[-1])
+    out = None
+    for pp, vp in zip(probs.split([kp.shape[1] for kp in ks], -1), vs, strict=True):
+        part = torch.einsum("bhgql,blhd->bqhgd", pp, vp.float())
+        out = part if out is None else out.add_(part)
+    assert out is not None
+    return out.reshape(bsz, nq, heads, vs[0].shape[-1])
 
 
 def _window_ok(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -227,56 +236,50 @@ def extend_attention(
         )
         return
     device = q_extend.device
-    lens = seq_lens.long()
     ext = extend_seq_lens.long().to(device)
     start = extend_start_loc.long().to(device)
-    prefix = lens - ext
-    max_len = int(lens.max())
-    max_ext = int(ext.max())
+    prefix = seq_lens.long().to(device) - ext
+    pool_index = req_pool_indices.long()
+    max_pre, max_ext = int(prefix.max()), int(ext.max())
 
-    # Keys/values for every (request, position) in the padded [B, L] grid.
-    pos = torch.arange(max_len, device=device)
-    valid = pos[None, :] < lens[:, None]
-    in_prefix = pos[None, :] < prefix[:, None]
-    pool_rows = req_to_token[req_pool_indices.long(), :max_len].long()
-    use_pool = in_prefix if k_extend is not None else valid
-    pool_rows = torch.where(use_pool, pool_rows, torch.zeros_like(pool_rows))
-    k = _gather(k_buffer, pool_rows, k_scale)
-    v = _gather(v_buffer, pool_rows, v_scale)
-    if k_extend is not None and v_extend is not None:
-        ext_rows = start[:, None] + (pos[None, :] - prefix[:, None])
-        from_ext = valid & ~in_prefix
-        ext_rows = torch.where(from_ext, ext_rows, torch.zeros_like(ext_rows))
-        sel = from_ext[..., None, None]
-        k = torch.where(sel, k_extend[ext_rows].float(), k)
-        v = torch.where(sel, v_extend[ext_rows].float(), v)
-
-    # Queries in a padded [B, E] grid.
+    # Queries, and the extend part's keys, in a padded [B, E] grid.
     qi = torch.arange(max_ext, device=device)
     q_valid = qi[None, :] < ext[:, None]
     q_rows = torch.where(q_valid, start[:, None] + qi[None, :], torch.zeros_like(qi)[None, :])
     q = q_extend[q_rows]
-    q_pos = prefix[:, None] + qi[None, :]  # absolute position of each query
+    # Keys: the prefix from the pool in a padded [B, P] grid, then the extend part [B, E]
+    # (given, or from the pool for KV-shared layers), two parts never copied into one.
+    pj = torch.arange(max_pre, device=device)
+    pre_valid = pj[None, :] < prefix[:, None]
+    pre_rows = torch.where(pre_valid, req_to_token[pool_index, :max_pre].long(), 0)
+    if k_extend is not None and v_extend is not None:
+        ke, ve = k_extend[q_rows].float(), v_extend[q_rows].float()
+    else:
+        at = torch.where(q_valid, prefix[:, None] + qi[None, :], 0)
+        ext_rows = req_to_token[pool_index[:, None], at].long()
+        ke, ve = _gather(k_buffer, ext_rows, k_scale), _gather(v_buffer, ext_rows, v_scale)
+    k = (_gather(k_buffer, pre_rows, k_scale), ke)
+    v = (_gather(v_buffer, pre_rows, v_scale), ve)
 
-    # visible[b, i, j]: query i of request b may see key position j.
-    j = pos[None, None, :]
-    key_in_prefix = j < prefix[:, None, None]
-    ext_j = j - prefix[:, None, None]  # index of key j inside the extend part
+    # visible[b, i, j]: query i of request b may see key j (prefix keys, then extend keys).
+    pre_vis = pre_valid[:, None, :].expand(-1, max_ext, -1)
+    key_valid = q_valid[:, None, :]
     if tree_mask is not None:
         sizes = ext * ext
         offsets = torch.cumsum(sizes, 0) - sizes
-        ii = qi[None, :, None]
-        flat = offsets[:, None, None] + ii * ext[:, None, None] + ext_j
-        inside = q_valid[:, :, None] & (ext_j >= 0) & (ext_j < ext[:, None, None])
+        flat = offsets[:, None, None] + qi[None, :, None] * ext[:, None, None] + qi[None, None, :]
+        inside = q_valid[:, :, None] & key_valid
         flat = torch.where(inside, flat, torch.zeros_like(flat))
-        in_ext_ok = inside & tree_mask.reshape(-1).bool()[flat]
+        ext_vis = inside & tree_mask.reshape(-1).bool()[flat]
     elif is_causal:
-        in_ext_ok = (ext_j >= 0) & (ext_j <= qi[None, :, None])
+        ext_vis = key_valid & (qi[None, None, :] <= qi[None, :, None])
     else:
-        in_ext_ok = (ext_j >= 0) & (ext_j < ext[:, None, None])
-    visible = (key_in_prefix | in_ext_ok) & valid[:, None, :] & q_valid[:, :, None]
-    if is_causal:
-        visible &= _window_ok(q_pos[:, :, None], j, sliding_window_size)
+        ext_vis = key_valid.expand(-1, max_ext, -1)
+    if is_causal and sliding_window_size > 0:
+        q_pos = (prefix[:, None] + qi[None, :])[:, :, None]  # absolute position of each query
+        pre_vis = pre_vis & _window_ok(q_pos, pj[None, None, :], sliding_window_size)
+        ext_vis = ext_vis & _window_ok(qi[None, :, None], qi[None, None, :], sliding_window_size)
+    visible = torch.cat([pre_vis, ext_vis], 2) & q_valid[:, :, None]
 
     out = _gqa_attention(q, k, v, visible, sm_scale, logit_cap, sinks)
     o_extend[q_rows[q_valid]] = out[q_valid].to(o_extend.dtype)
