@@ -85,6 +85,7 @@ class DraftDecision:
     plain_costs: RoundCosts | None = None
     steps_since_draft: int = 0
     last: StepPrice | None = None
+    _pricer: PrefixScheduler | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_every, bool) or int(self.probe_every) < 1:
@@ -105,7 +106,10 @@ class DraftDecision:
         mean = torch.stack(known).mean(dim=0)
         conf = torch.stack([self.evidence.get(k, mean) for k in keys])
         model = self.round_model()
-        lens = PrefixScheduler(model, self.max_verify_tokens).decide(conf)
+        if self._pricer is None or self._pricer.cost_model is not model:
+            # Rebuilt only when the cost model changes: its SPS lookups are memoised.
+            self._pricer = PrefixScheduler(model, self.max_verify_tokens)
+        lens = self._pricer.decide(conf)
         surv = survival(conf).to(_F64)
         kept = torch.arange(conf.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
         tau = n + float((surv * kept).sum())
