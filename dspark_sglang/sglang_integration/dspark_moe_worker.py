@@ -50,6 +50,9 @@ class DSparkMoeWorker(DSparkWorkerV2):
       after the fault guard (``context_copy``), reading each request's text from a
       device table this worker writes at prefill and after each verify
       (``token_history``), so copies work with the overlap scheduler.
+    * Anchor-only steps: a step in which every request verifies its anchor only (a plain
+      step of the draft decision, a drafter fault) accepts on two verify rows per request
+      instead of the whole block (``plain_accept``: same outcome, a quarter of the work).
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """
@@ -69,7 +72,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         moe_draft_model.register_model_class()
         _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
         super().__init__(*args, **kwargs)
-        from dspark_sglang.sglang_integration import fallback, metrics, round_profile
+        from dspark_sglang.sglang_integration import fallback, metrics, plain_accept, round_profile
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
         from sglang.srt.runtime_context import get_parallel
@@ -111,6 +114,10 @@ class DSparkMoeWorker(DSparkWorkerV2):
             sts = load_sts(pending.sts_path)
             check_sts_block_size(sts.block_size, int(self.gamma), f"sts_path={pending.sts_path}")
             self._apply_sts(pending.sts_path)
+        executor = getattr(self, "_verify_executor", None)
+        if executor is not None:
+            # Anchor-only steps (a plain step, a drafter fault) accept on two rows.
+            plain_accept.install(executor, self._verify_planner)
         # Profiling aid (DSPARK_PROFILE_ROUNDS); wraps nothing when it is unset. Last, so
         # that it times the fault guard around ``propose`` too.
         round_profile.instrument_worker(self)
