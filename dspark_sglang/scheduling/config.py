@@ -201,9 +201,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
         step's measured cost. A step that does not draft runs no draft pass and verifies
         only the anchors. Lossless: decided from earlier rounds only.
     ``probe_every`` (int >= 1, optional; with ``draft_decision: priced`` only)
-        After this many plain steps in a row the next step drafts (a probe), so the
-        evidence is refreshed and drafting resumes when it pays again. Unset:
-        :data:`DEFAULT_PROBE_EVERY`.
+        After this many plain steps in a row the next step drafts (a probe) to refresh
+        the evidence; a probe that leaves the batch plain doubles the gap (up to 8 times
+        this). Unset: :data:`DEFAULT_PROBE_EVERY`.
     ``copy_confidence`` (float in (0, 1), optional; with ``context_copy_ngram`` and
     policies ``prefix`` / ``lagged`` only)
         The confidence the policy sees for a copied draft (the drafter's head scored

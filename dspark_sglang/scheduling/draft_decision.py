@@ -13,8 +13,11 @@ requests:
   the latest round (so one poor block does not pause a request that drafts well). A
   request with none yet borrows the mean row of those that have some; with none at all
   the step drafts.
-* Probe: a step drafts when the batch's last drafting step is ``probe_every`` steps
-  old, so a paused batch refreshes its evidence and comes back when it improves.
+* Probe: a step drafts when the batch's last drafting step is a gap of plain steps old,
+  so a paused batch refreshes its evidence and comes back when it improves. The gap
+  starts at ``probe_every``; a probe after which the batch is still priced plain doubles
+  it, up to :data:`MAX_PROBE_BACKOFF` times ``probe_every`` (a batch the drafter reads
+  badly pays ever fewer probes); a step priced to draft sets it back to ``probe_every``.
 * Otherwise the step drafts iff Algorithm 1 (the prefix scheduler) on the lagged
   confidences finds a round worth more tokens per second than a plain step::
 
@@ -42,11 +45,13 @@ from dspark_sglang.scheduling.cost_table import CostModel, CostTable
 from dspark_sglang.scheduling.policies import PrefixScheduler, survival
 from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
 
-__all__ = ["EVIDENCE_WEIGHT", "DraftDecision", "StepPrice"]
+__all__ = ["EVIDENCE_WEIGHT", "MAX_PROBE_BACKOFF", "DraftDecision", "StepPrice"]
 
 _F64 = torch.float64
 EVIDENCE_WEIGHT = 0.5
 """Weight of a request's latest drafting round in its evidence (the rest: its earlier ones)."""
+MAX_PROBE_BACKOFF = 8
+"""Largest probe gap, in multiples of ``probe_every`` (module doc, "Probe")."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class DraftDecision:
     plain_timings: RoundTimings = field(default_factory=RoundTimings)
     plain_costs: RoundCosts | None = None
     steps_since_draft: int = 0
+    #: Plain steps in a row before the next probe (``probe_every``, doubled by backoff).
+    probe_gap: int = 0
     last: StepPrice | None = None
     _pricer: PrefixScheduler | None = field(default=None, repr=False)
 
@@ -92,13 +99,14 @@ class DraftDecision:
             raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
         if int(self.block_size) < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size!r}")
+        self.probe_gap = int(self.probe_every)
 
     def price(self, keys: Sequence[Hashable]) -> StepPrice:
         """Price this step for the requests ``keys`` (no state changes)."""
         n = len(keys)
         if n == 0:
             return StepPrice(None, None, "no_evidence")
-        if self.steps_since_draft >= self.probe_every:
+        if self.steps_since_draft >= self.probe_gap:
             return StepPrice(None, None, "probe")
         known = [self.evidence[k] for k in keys if k in self.evidence]
         if not known:
@@ -123,8 +131,14 @@ class DraftDecision:
         live = set(keys)
         for gone in [k for k in self.evidence if k not in live]:
             del self.evidence[gone]
+        probed = self.last is not None and self.last.reason == "probe"
         self.last = self.price(keys)
         drafts = self.last.drafts
+        if self.last.reason == "priced":
+            if drafts:
+                self.probe_gap = int(self.probe_every)
+            elif probed:
+                self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_BACKOFF * int(self.probe_every))
         self.steps_since_draft = 0 if drafts else self.steps_since_draft + 1
         return drafts
 

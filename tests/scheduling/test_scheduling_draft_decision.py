@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 
 from dspark_sglang.sampling import sample
 from dspark_sglang.scheduling.cost_table import SpsCostTable, with_fixed_step_cost
-from dspark_sglang.scheduling.draft_decision import DraftDecision
+from dspark_sglang.scheduling.draft_decision import MAX_PROBE_BACKOFF, DraftDecision
 from dspark_sglang.scheduling.policies import PrefixScheduler
 from dspark_sglang.verify import chain_verify
 
@@ -67,11 +67,28 @@ def test_no_evidence_drafts_and_a_new_request_borrows_the_mean() -> None:
 def test_probe_after_probe_every_plain_steps_and_finished_requests_are_forgotten() -> None:
     d = _decision(0.05, probe_every=3)
     d.observe(["a", "b"], torch.full((2, B), 0.5))
-    seen = [d.decide(["a", "b"]) for _ in range(8)]
-    assert seen == [False, False, False, True, False, False, False, True]
+    seen = [d.decide(["a", "b"]) for _ in range(4)]
+    assert seen == [False, False, False, True]
     assert d.last is not None and d.last.reason == "probe"
     d.decide(["b"])
     assert set(d.evidence) == {"b"}
+
+
+def test_probes_that_keep_the_batch_plain_back_off_and_a_drafting_price_resets() -> None:
+    d = _decision(0.05, probe_every=2)
+    keys = ["a", "b"]
+    d.observe(keys, torch.full((2, B), 0.5))
+    seen = [d.decide(keys) for _ in range(60)]
+    probes = [i for i, drafted in enumerate(seen) if drafted]
+    # Gaps of plain steps between probes: 2, 4, 8, then capped at MAX_PROBE_BACKOFF x 2.
+    gaps = [b - a - 1 for a, b in zip([-1, *probes], probes, strict=False)]
+    assert gaps == [2, 4, 8, 2 * MAX_PROBE_BACKOFF, 2 * MAX_PROBE_BACKOFF]
+    cheap = _decision(0.0001, probe_every=2)
+    cheap.observe(keys, torch.full((2, B), 0.5))
+    cheap.probe_gap = 16
+    cheap.observe(keys, torch.full((2, B), 0.999))
+    assert cheap.decide(keys) is True and cheap.last is not None
+    assert cheap.last.reason == "priced" and cheap.probe_gap == 2
 
 
 def test_plain_steps_timed_price_the_plain_option() -> None:
