@@ -236,6 +236,34 @@ def test_extend_attention_sliding_window_matches_loop(from_pool: bool, attention
         torch.testing.assert_close(out[s : s + e], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 5])
+def test_extend_of_one_token_per_request_matches_loop(window: int, attention_path: str) -> None:
+    """A verify of each request's anchor only (every extend length 1, as in the draft
+    decision's plain steps), prefixes of different lengths, one of them empty."""
+    kb, vb, r2t = _pool(8)
+    rpi = torch.tensor([2, 0, 3, 1])
+    prefix = torch.tensor([11, 0, 30, 4])
+    ext = torch.ones(4, dtype=torch.int64)
+    seq, start = prefix + ext, torch.arange(4)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(4, H, D, generator=g)
+    ke, ve = torch.randn(4, HKV, D, generator=g), torch.randn(4, HKV, D, generator=g)
+    out = torch.full((4, H, D), float("nan"))
+    torch.ops.sgl_kernel.extend_attention_cpu(
+        q, ke, ve, out, kb, vb, 1.0, 1.0, r2t, rpi, seq, ext.int(), start.int(), 1,
+        0.25, 0.0, False, window, None, None, None, True,
+    )  # fmt: skip
+    for b in range(4):
+        p = int(prefix[b])
+        rows = r2t[rpi[b], :p].long()
+        k, v = torch.cat([kb[rows], ke[b : b + 1]]), torch.cat([vb[rows], ve[b : b + 1]])
+        allowed = torch.ones(1, p + 1, dtype=torch.bool)
+        if window:
+            allowed = (p - torch.arange(p + 1) < window)[None, :]
+        ref = _naive_attention(q[b : b + 1], k, v, allowed, 0.25)
+        torch.testing.assert_close(out[b : b + 1], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_assign_and_read_cache_locs_roundtrip() -> None:
     r2t = torch.zeros(4, 16, dtype=torch.int32)
     rpi = torch.tensor([2, 0])
