@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dspark_sglang.results import fmt_or_dash
+
 REPO = Path(__file__).resolve().parents[1]
 #: The embedded SmolLM2 drafter, when the repository ships one.
 DEFAULT_DRAFTER = REPO / "dspark_sglang" / "assets" / "drafters" / "smollm2"
@@ -297,10 +299,6 @@ def compare(plain: BatchRun, dspark: BatchRun) -> Comparison:
     )
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def format_table(rows: Sequence[Comparison]) -> str:
     """The human-readable summary printed at the end of a check."""
     header = (
@@ -311,8 +309,8 @@ def format_table(rows: Sequence[Comparison]) -> str:
     for r in rows:
         lines.append(
             f"{r.batch_size:>5}  {r.plain_tokens_per_s:>11.1f}  {r.dspark_tokens_per_s:>12.1f}  "
-            f"{r.speedup:>7.2f}x  {_fmt(r.accept_length, '.2f'):>10}  "
-            f"{_fmt(r.accepted_drafts_per_round, '.2f'):>12}  "
+            f"{r.speedup:>7.2f}x  {fmt_or_dash(r.accept_length, '.2f'):>10}  "
+            f"{fmt_or_dash(r.accepted_drafts_per_round, '.2f'):>12}  "
             f"{f'{r.identical}/{r.batch_size}':>9}"
         )
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from dspark_sglang.targets.smollm2 import cache_root
 __all__ = [
     "default_out",
     "dump_json",
+    "fmt_or_dash",
     "local_path",
     "portable",
     "portable_path",
@@ -135,3 +136,8 @@ def software_versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "dspark_sglang": ours,
     }
+
+
+def fmt_or_dash(x: float | None, spec: str) -> str:
+    """``x`` formatted with ``spec`` for a printed table, ``-`` where it is None."""
+    return "-" if x is None else format(x, spec)

@@ -1,5 +1,5 @@
-"""The live frontier benchmark's server-free parts (``benchmarks/live_frontier.py``) and its
-prompt file (``benchmarks/data/mixed_prompts.json``).
+"""The live frontier benchmark's server-free parts (``dspark_sglang.bench.live_frontier``, run
+by ``benchmarks/live_frontier.py``) and its prompt file (``benchmarks/data/mixed_prompts.json``).
 
 Covered without a server: reading bench_serving's ``--output-file``, the server counters
 read around a cell, the rows (median and range over the repeats, the ratio to plain taken
@@ -23,7 +23,10 @@ import pytest
 import yaml
 from bench_scripts import REPO, load_benchmark
 
-bench = load_benchmark("live_frontier", "live_frontier_bench")
+from dspark_sglang.bench.live_frontier import client as lf_client
+from dspark_sglang.bench.live_frontier import engines as lf_engines
+from dspark_sglang.bench.live_frontier import rows as lf_rows
+
 PROMPTS = REPO / "benchmarks" / "data" / "mixed_prompts.json"
 VALUES = REPO / "helm" / "dspark-sglang" / "values.yaml"
 
@@ -48,14 +51,16 @@ def _bench_line(**kw: Any) -> str:
 def test_the_last_result_line_of_bench_serving_counts() -> None:
     """bench_serving appends one line per run to its --output-file; the last is this cell's."""
     text = _bench_line(output_throughput=1.0) + "\n" + _bench_line() + "\n\n"
-    got = bench.parse_bench_output(text)
+    got = lf_client.parse_bench_output(text)
     assert got["output_tok_s"] == 25.6
     assert got["median_tpot_ms"] == 80.0
     assert got["user_tok_s"] == pytest.approx(1000.0 / 80.0)
     assert got["median_ttft_ms"] == 150.0
     assert got["completed"] == 8
     assert got["bench_accept_length"] == 2.5
-    assert bench.parse_bench_output(_bench_line(accept_length=None))["bench_accept_length"] is None
+    assert (
+        lf_client.parse_bench_output(_bench_line(accept_length=None))["bench_accept_length"] is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,11 +74,11 @@ def test_the_last_result_line_of_bench_serving_counts() -> None:
 )
 def test_a_result_without_its_figures_is_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        bench.parse_bench_output(text)
+        lf_client.parse_bench_output(text)
 
 
 def test_the_client_is_bench_serving_with_the_cells_settings() -> None:
-    cmd = bench.bench_command(
+    cmd = lf_client.bench_command(
         "http://127.0.0.1:1",
         Path("p.json"),
         "/m",
@@ -122,22 +127,22 @@ def _metrics(accepted_sum: float, accepted_count: float, drafted: dict[str, floa
 
 
 def test_counters_are_read_as_the_cells_difference() -> None:
-    before = bench.parse_prometheus(_metrics(100.0, 50.0, {"true": 40.0, "false": 10.0}))
-    after = bench.parse_prometheus(_metrics(130.0, 62.0, {"true": 49.0, "false": 13.0}))
-    got = bench.cell_counters(before, after)
+    before = lf_client.parse_prometheus(_metrics(100.0, 50.0, {"true": 40.0, "false": 10.0}))
+    after = lf_client.parse_prometheus(_metrics(130.0, 62.0, {"true": 49.0, "false": 13.0}))
+    got = lf_client.cell_counters(before, after)
     assert got["accept_length"] == pytest.approx(30.0 / 12.0)  # 2.5, not 130 / 62
     assert got["drafted_share"] == pytest.approx(9.0 / 12.0)
-    assert bench.sample_sum(after, "sglang:num_requests_total") == 5
+    assert lf_client.sample_sum(after, "sglang:num_requests_total") == 5
 
 
 def test_counters_a_server_lacks_are_null() -> None:
-    plain = bench.parse_prometheus("# TYPE sglang:x counter\nsglang:x_total 3\n")
-    assert bench.cell_counters(plain, plain) == {"accept_length": None, "drafted_share": None}
-    no_steps = bench.parse_prometheus(_metrics(10.0, 5.0, {}))
-    got = bench.cell_counters(no_steps, bench.parse_prometheus(_metrics(16.0, 8.0, {})))
+    plain = lf_client.parse_prometheus("# TYPE sglang:x counter\nsglang:x_total 3\n")
+    assert lf_client.cell_counters(plain, plain) == {"accept_length": None, "drafted_share": None}
+    no_steps = lf_client.parse_prometheus(_metrics(10.0, 5.0, {}))
+    got = lf_client.cell_counters(no_steps, lf_client.parse_prometheus(_metrics(16.0, 8.0, {})))
     assert got == {"accept_length": 2.0, "drafted_share": None}
-    idle = bench.parse_prometheus(_metrics(10.0, 5.0, {"true": 1.0}))
-    assert bench.cell_counters(idle, idle) == {"accept_length": None, "drafted_share": None}
+    idle = lf_client.parse_prometheus(_metrics(10.0, 5.0, {"true": 1.0}))
+    assert lf_client.cell_counters(idle, idle) == {"accept_length": None, "drafted_share": None}
 
 
 # ------------------------------------------------------------------ rows
@@ -157,12 +162,12 @@ def _fig(out: float, tpot: float, ttft: float = 100.0, accept: float | None = No
 def test_rows_take_the_median_and_range_over_repeats_and_the_ratio_per_repeat() -> None:
     """Plain 10 / 20 / 40 tok/s, prefix 30 / 22 / 40: per-repeat ratios 3.0 / 1.1 / 1.0,
     median 1.1; the ratio of the medians would be 30 / 20 = 1.5."""
-    cell = bench.Cell("all", 2, 0.0)
+    cell = lf_rows.Cell("all", 2, 0.0)
     runs = {
         (cell, "plain"): [_fig(10, 100), _fig(20, 50), _fig(40, 25)],
         (cell, "prefix"): [_fig(30, 40, 90, 2.0), _fig(22, 50, 80, 3.0), _fig(40, 20, 70, 2.5)],
     }
-    plain, prefix = bench.build_rows(runs, ["plain", "prefix"])
+    plain, prefix = lf_rows.build_rows(runs, ["plain", "prefix"])
     assert (prefix["prompt_set"], prefix["concurrency"], prefix["temperature"]) == ("all", 2, 0.0)
     assert prefix["engine"] == "prefix"
     assert prefix["ratio_to_plain"] == pytest.approx(1.1)
@@ -177,30 +182,30 @@ def test_rows_take_the_median_and_range_over_repeats_and_the_ratio_per_repeat() 
     assert plain["ratio_to_plain"] == 1.0
     assert plain["accept_length"] is None and plain["accept_length_range"] is None
     with pytest.raises(ValueError, match="repeats"):
-        bench.build_rows({**runs, (cell, "plain"): runs[(cell, "plain")][:2]}, ["prefix"])
+        lf_rows.build_rows({**runs, (cell, "plain"): runs[(cell, "plain")][:2]}, ["prefix"])
 
 
 def test_engines_take_turns_reversed_in_odd_repeats() -> None:
     engines = ["plain", "mtp1", "prefix"]
-    assert bench.turn_order(engines, 0) == engines
-    assert bench.turn_order(engines, 1) == ["prefix", "mtp1", "plain"]
-    assert bench.turn_order(engines, 2) == engines
+    assert lf_rows.turn_order(engines, 0) == engines
+    assert lf_rows.turn_order(engines, 1) == ["prefix", "mtp1", "plain"]
+    assert lf_rows.turn_order(engines, 2) == engines
 
 
 # ------------------------------------------------------------------ frontier
 
 
 def _pt(out: float, user: float, c: int) -> Any:
-    return bench.Point(out, user, c)
+    return lf_rows.Point(out, user, c)
 
 
 def test_the_frontier_drops_dominated_points() -> None:
     """Concurrency 4 (15 tok/s, 7 tok/s/user) is beaten by 2 (20, 8) on both axes, and 16
     ties 8's throughput more slowly: both go; the rest trade speed for throughput."""
     pts = [_pt(10, 10, 1), _pt(20, 8, 2), _pt(15, 7, 4), _pt(30, 5, 8), _pt(30, 4, 16)]
-    front = bench.engine_frontier(pts)
+    front = lf_rows.engine_frontier(pts)
     assert [p.concurrency for p in front] == [1, 2, 8]
-    assert bench.engine_frontier([_pt(10, 10, 1), _pt(10, 10, 2)]) == [_pt(10, 10, 1)]
+    assert lf_rows.engine_frontier([_pt(10, 10, 1), _pt(10, 10, 2)]) == [_pt(10, 10, 1)]
 
 
 def test_matched_throughput_speedup_interpolates_each_frontier() -> None:
@@ -210,13 +215,13 @@ def test_matched_throughput_speedup_interpolates_each_frontier() -> None:
     12 + (30 - 20) / (40 - 20) x (4 - 12) = 8, so 8 / 6 = 1.333."""
     mtp1 = [_pt(10, 10, 1), _pt(30, 6, 4), _pt(20, 5, 2)]  # (20, 5) is dominated
     engine = [_pt(20, 12, 1), _pt(40, 4, 4)]
-    got = bench.matched_throughput_speedup(engine, mtp1)
+    got = lf_rows.matched_throughput_speedup(engine, mtp1)
     assert [g["output_tok_s"] for g in got] == [10, 30]
     assert [g["user_tok_s"] for g in got] == pytest.approx([12.0, 8.0])
     assert [g["baseline_user_tok_s"] for g in got] == pytest.approx([10.0, 6.0])
     assert [g["speedup"] for g in got] == pytest.approx([1.2, 8.0 / 6.0])
     # A frontier that never reaches the baseline's throughput has no speed-up there.
-    short = bench.matched_throughput_speedup([_pt(20, 12, 1)], mtp1)
+    short = lf_rows.matched_throughput_speedup([_pt(20, 12, 1)], mtp1)
     assert [g["speedup"] for g in short] == [pytest.approx(1.2), None]
 
 
@@ -233,7 +238,7 @@ def test_frontiers_group_rows_by_prompt_set_and_temperature() -> None:
         row("prefix", 2, 15, 7),
         row("prefix", 1, 99, 99, t=1.0),  # another panel: no mtp1 there
     ]
-    fronts = {(f["engine"], f["temperature"]): f for f in bench.frontiers(rows)}
+    fronts = {(f["engine"], f["temperature"]): f for f in lf_rows.frontiers(rows)}
     prefix = fronts[("prefix", 0.0)]
     assert [p["concurrency"] for p in prefix["points"]] == [1, 4]
     assert [x["speedup"] for x in prefix["vs_mtp1"]] == pytest.approx([1.2, 8.0 / 6.0])
@@ -246,17 +251,20 @@ def test_frontiers_group_rows_by_prompt_set_and_temperature() -> None:
 
 
 def test_engine_names_map_to_policies() -> None:
-    assert bench.engine_policy("sglang") == (None, False)
-    assert bench.engine_policy("whole_block") == ("verify_all", False)
-    assert bench.engine_policy("mtp1") == ("mtp1", False)
-    assert bench.engine_policy("prefix+priced") == ("prefix", True)
-    assert bench.engine_policy("lagged+priced") == ("lagged", True)
+    assert lf_engines.engine_policy("sglang") == (None, False)
+    assert lf_engines.engine_policy("whole_block") == ("verify_all", False)
+    assert lf_engines.engine_policy("mtp1") == ("mtp1", False)
+    assert lf_engines.engine_policy("prefix+priced") == ("prefix", True)
+    assert lf_engines.engine_policy("lagged+priced") == ("lagged", True)
     with pytest.raises(ValueError):
-        bench.engine_policy("plain")
-    assert bench.default_engine({"policy": "lagged"}) == "lagged"
-    assert bench.default_engine({"policy": "lagged", "draftDecision": "priced"}) == "lagged+priced"
-    assert bench.default_engine({"policy": "prefix", "draftDecision": "always"}) == "prefix"
-    assert bench.default_engine({"policy": "verify_all"}) == "whole_block"
+        lf_engines.engine_policy("plain")
+    assert lf_engines.default_engine({"policy": "lagged"}) == "lagged"
+    assert (
+        lf_engines.default_engine({"policy": "lagged", "draftDecision": "priced"})
+        == "lagged+priced"
+    )
+    assert lf_engines.default_engine({"policy": "prefix", "draftDecision": "always"}) == "prefix"
+    assert lf_engines.default_engine({"policy": "verify_all"}) == "whole_block"
 
 
 def test_every_engines_config_is_the_default_tiers_with_its_policy() -> None:
@@ -265,28 +273,28 @@ def test_every_engines_config_is_the_default_tiers_with_its_policy() -> None:
     own ``draftDecision``; the tier's admission cap left out."""
     from dspark_sglang.scheduling.config import SchedulerConfig
 
-    shipped = bench.default_tier(yaml.safe_load(VALUES.read_text()))
+    shipped = lf_engines.default_tier(yaml.safe_load(VALUES.read_text()))
     scheduler = {k: v for k, v in shipped["scheduler"].items() if k != "draftDecision"}
     for decision in (None, "always", "priced"):
         extra = {} if decision is None else {"draftDecision": decision}
         tier = {**shipped, "scheduler": {**scheduler, **extra}}
-        fields = bench.tier_config_fields(tier)
+        fields = lf_engines.tier_config_fields(tier)
         assert "max_running_requests" not in fields
         assert fields["sla_name"] == tier["name"]
         assert fields["block_size"] == tier["scheduler"]["blockSize"]
-        assert bench.engine_config_fields("sglang", fields, "sts.json", None) is None
-        for engine in bench.ENGINES[1:]:
-            cfg_fields = bench.engine_config_fields(engine, fields, "/d/sts.json", None)
+        assert lf_engines.engine_config_fields("sglang", fields, "sts.json", None) is None
+        for engine in lf_engines.ENGINES[1:]:
+            cfg_fields = lf_engines.engine_config_fields(engine, fields, "/d/sts.json", None)
             if cfg_fields is None:
                 continue
             cfg = SchedulerConfig.from_dict(cfg_fields, source=engine)
-            policy, priced = bench.engine_policy(engine)
+            policy, priced = lf_engines.engine_policy(engine)
             assert cfg.policy == policy
             assert cfg.draft_decision == ("priced" if priced else "always"), (engine, decision)
             assert cfg.max_verify_tokens == tier["scheduler"]["maxVerifyTokens"]
             assert cfg.ragged_verify_mode == ("static" if policy == "verify_all" else "compact")
             assert cfg.sts_path == (None if policy == "verify_all" else "/d/sts.json")
-    with_table = bench.engine_config_fields("mtp1", fields, None, "/t.json")
+    with_table = lf_engines.engine_config_fields("mtp1", fields, None, "/t.json")
     assert with_table is not None and with_table["cost_table_path"] == "/t.json"
 
 
@@ -296,8 +304,8 @@ def test_every_engines_config_is_the_default_tiers_with_its_policy() -> None:
 def test_prompt_sets_select_by_id_prefix() -> None:
     items = json.loads(PROMPTS.read_text(encoding="utf-8"))
     assert len(items) == 96
-    every = bench.select_prompts(items, "all")
-    math_code = bench.select_prompts(items, "math_code")
+    every = lf_engines.select_prompts(items, "all")
+    math_code = lf_engines.select_prompts(items, "math_code")
     assert every == items
     assert len(math_code) == 64
     assert {it["id"].split("-")[0] for it in math_code} == {"gsm8k", "humaneval"}
@@ -309,9 +317,11 @@ def test_prompt_sets_select_by_id_prefix() -> None:
             "<|im_start|>assistant\n"
         )
     with pytest.raises(ValueError, match="unknown prompt set"):
-        bench.select_prompts(items, "chat_only")
+        lf_engines.select_prompts(items, "chat_only")
     assert (
-        bench.num_prompts(1) == 8 and bench.num_prompts(32) == 64 and bench.num_prompts(4, 5) == 5
+        lf_engines.num_prompts(1) == 8
+        and lf_engines.num_prompts(32) == 64
+        and lf_engines.num_prompts(4, 5) == 5
     )
 
 
