@@ -23,19 +23,24 @@ requests:
 
       max_l  tau(l) * SPS_round(N, N + sum_i l_i)  >  N / plain_seconds(N)
 
-  with ``tau(l) = N + sum_i sum_{k <= l_i} A_{i,k}`` and ``A`` the survival
-  ``cumprod(c)``. ``SPS_round`` is the policy's cost model (the target's table plus
-  the draft pass: ``draft_step_seconds`` or the rounds a CPU worker timed);
-  ``plain_seconds`` comes from the plain steps this decision timed
-  (:meth:`DraftDecision.observe_plain`), else from the target-only table.
+  with ``tau(l) = N + rho * sum_i sum_{k <= l_i} A_{i,k}`` and ``A`` the survival
+  ``cumprod(c)``. ``rho`` corrects the confidences by what drafting rounds actually got:
+  the drafts accepted over the drafts their confidences predicted for the lengths
+  verified (:meth:`DraftDecision.observe_outcome`), summed over the drafting rounds with
+  weight :data:`OUTCOME_DECAY` per round of age; 1 before the first outcome.
+  ``SPS_round`` is the policy's cost model (the target's table plus the draft pass:
+  ``draft_step_seconds`` or the rounds a CPU worker timed); ``plain_seconds`` comes from
+  the plain steps this decision timed (:meth:`DraftDecision.observe_plain`), else from
+  the target-only table.
 
-Invariant (lossless): the decision reads confidences of rounds that are over, step
-counts and costs, and is made before the step's drafts exist, so it cannot depend on
+Invariant (lossless): the decision reads confidences and outcomes of rounds that are
+over, step counts and costs, and is made before the step's drafts exist, so it cannot depend on
 them. A step that does not draft is plain decoding: the target emits its own token.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,13 +50,15 @@ from dspark_sglang.scheduling.cost_table import CostModel, CostTable
 from dspark_sglang.scheduling.policies import PrefixScheduler, survival
 from dspark_sglang.scheduling.round_costs import RoundCosts, RoundTimings
 
-__all__ = ["EVIDENCE_WEIGHT", "MAX_PROBE_BACKOFF", "DraftDecision", "StepPrice"]
+__all__ = ["EVIDENCE_WEIGHT", "MAX_PROBE_BACKOFF", "OUTCOME_DECAY", "DraftDecision", "StepPrice"]
 
 _F64 = torch.float64
 EVIDENCE_WEIGHT = 0.5
 """Weight of a request's latest drafting round in its evidence (the rest: its earlier ones)."""
 MAX_PROBE_BACKOFF = 8
 """Largest probe gap, in multiples of ``probe_every`` (module doc, "Probe")."""
+OUTCOME_DECAY = 0.9
+"""Weight, per drafting round of age, of a round's outcome in ``rho`` (module doc)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class StepPrice:
     plain_tok_s: float | None
     reason: str
     """``priced``, ``no_evidence`` or ``probe``."""
+    rho: float = 1.0
+    """The acceptance correction the price used (module doc)."""
 
     @property
     def drafts(self) -> bool:
@@ -91,6 +100,9 @@ class DraftDecision:
     steps_since_draft: int = 0
     #: Plain steps in a row before the next probe (``probe_every``, doubled by backoff).
     probe_gap: int = 0
+    #: Decayed sums of the drafts accepted and of those the confidences predicted.
+    accepted: float = 0.0
+    predicted: float = 0.0
     last: StepPrice | None = None
     _pricer: PrefixScheduler | None = field(default=None, repr=False)
 
@@ -120,11 +132,26 @@ class DraftDecision:
         lens = self._pricer.decide(conf)
         surv = survival(conf).to(_F64)
         kept = torch.arange(conf.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
-        tau = n + float((surv * kept).sum())
+        rho = self.rho
+        tau = n + rho * float((surv * kept).sum())
         tokens = torch.tensor([n + int(lens.sum())])
         draft = tau * float(model.steps_per_sec(n, tokens)[0])
         plain = n / self.plain_seconds(n)
-        return StepPrice(draft, plain, "priced")
+        return StepPrice(draft, plain, "priced", rho)
+
+    @property
+    def rho(self) -> float:
+        """Accepted over predicted drafts of the recent drafting rounds; 1 before any."""
+        return self.accepted / self.predicted if self.predicted > 1e-9 else 1.0
+
+    def observe_outcome(self, predicted: float, accepted: float) -> None:
+        """A drafting round's outcome: the drafts its confidences predicted would be
+        accepted for the lengths verified, and the drafts accepted."""
+        for name, v in (("predicted", predicted), ("accepted", accepted)):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} drafts must be finite and >= 0, got {v!r}")
+        self.accepted = OUTCOME_DECAY * self.accepted + float(accepted)
+        self.predicted = OUTCOME_DECAY * self.predicted + float(predicted)
 
     def decide(self, keys: Sequence[Hashable]) -> bool:
         """Whether this step drafts; advances the step count and forgets finished requests."""

@@ -15,6 +15,12 @@ worker reads them at once; on a GPU they are copied to pinned host memory withou
 waiting and read at a later step once their copy has finished, so the step never
 synchronises (the decision then uses older evidence, which is still non-anticipating).
 
+Outcome: after a drafting round the worker hands the gate its verify lengths and accept
+lengths (:meth:`DraftGate.observe_outcome`); with the confidences the gate saw for that
+round it tells the decision how many drafts were predicted and how many were accepted (its
+acceptance correction). Read on the host only where they are host tensors (a CPU worker);
+a GPU worker's decision keeps the uncorrected confidences, so no step synchronises.
+
 Every TP rank must run the same step: with ``tp_size > 1`` rank 0's decision is
 broadcast over the TP group's CPU group.
 
@@ -33,6 +39,7 @@ from typing import Any
 import torch
 
 from dspark_sglang.scheduling.draft_decision import DraftDecision
+from dspark_sglang.scheduling.policies import survival
 from dspark_sglang.sglang_integration import metrics
 
 logger = logging.getLogger(__name__)
@@ -59,6 +66,8 @@ class DraftGate:
         self.drafted_steps = 0
         self.skipped_steps = 0
         self._pending: deque[tuple[list[Hashable], torch.Tensor, Any]] = deque()
+        #: The confidences of the drafting round running now (host rows), for its outcome.
+        self._round_conf: torch.Tensor | None = None
 
     def drafts(self, batch: Any, bs: int) -> bool:
         """Whether this decode step of ``bs`` requests runs the draft pass."""
@@ -87,12 +96,27 @@ class DraftGate:
         rows = conf.detach()[:bs]
         if rows.device.type == "cpu":
             self.decision.observe(keys, rows)
+            self._round_conf = rows
             return
         host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
         host.copy_(rows, non_blocking=True)
         event = torch.get_device_module(rows.device).Event()
         event.record()
         self._pending.append((keys, host, event))
+
+    def observe_outcome(self, verify_lens: torch.Tensor, accept_lens: torch.Tensor) -> None:
+        """The drafting round's outcome (``verify_lens``: tokens verified per request, the
+        anchor included; ``accept_lens``: tokens committed, the bonus included), given to
+        the decision with the drafts its confidences predicted (host tensors only)."""
+        conf, self._round_conf = self._round_conf, None
+        if conf is None or verify_lens.device.type != "cpu" or accept_lens.device.type != "cpu":
+            return
+        n = min(int(conf.shape[0]), int(verify_lens.numel()), int(accept_lens.numel()))
+        drafts = (verify_lens.reshape(-1)[:n].long() - 1).clamp(min=0)
+        surv = survival(conf[:n].float().clamp(0.0, 1.0))
+        kept = torch.arange(surv.shape[1]).unsqueeze(0) < drafts.unsqueeze(1)
+        accepted = (accept_lens.reshape(-1)[:n].long() - 1).clamp(min=0)
+        self.decision.observe_outcome(float((surv * kept).sum()), float(accepted.sum()))
 
     def _take_finished_copies(self) -> None:
         while self._pending and self._pending[0][2].query():

@@ -95,6 +95,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 int(self.gamma),
                 records=self._dspark_records,
                 step_metrics=self._dspark_metrics,
+                host_flags=torch.device(self.device).type == "cpu",
             )
         from dspark_sglang.sglang_integration import startup_profile
 
@@ -129,6 +130,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
         if self._dspark_profile_pending:
             self._dspark_profile_pending = False
             self._install_decider(apply_sts=False)
+        _drop_gate_under_deferred_commit(self)  # SGLang builds the commit in its capture
         _attach_token_history(self)
 
     def _forward_prefill(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -253,6 +255,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
             setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
             setattr(self._verify_planner, draft_gate.SKIPPED_ATTR, False)
         seconds = self._dspark_clock() - t0
+        if not skipped and not fell_back:
+            self._observe_outcome(result)
         timer = self._dspark_round_timer
         if timer is not None and skipped:
             self._observe_plain_step(result, seconds)
@@ -285,6 +289,14 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 new = result.next_token_ids.reshape(n, -1)
                 self._keep_history(lambda: history.append(batch.req_pool_indices[:n], new, accept))
         return result
+
+    def _observe_outcome(self, result: Any) -> None:
+        """A drafting round's verify and accept lengths to the draft decision (its gate)."""
+        gate = getattr(_fault_guard(self), "draft_gate", None)
+        accept = getattr(result, "accept_lens", None)
+        verify = getattr(result, "cap_lens", None)
+        if gate is not None and accept is not None and verify is not None:
+            gate.observe_outcome(verify, accept)
 
     def _observe_plain_step(self, result: Any, seconds: float) -> None:
         """Price the draft decision's plain steps from their timings (CPU, timed rounds)."""
@@ -422,16 +434,7 @@ def _install_draft_gate(worker: Any, decider: Any) -> None:
 
     decision = getattr(decider, "draft_decision", None)
     guard = _fault_guard(worker)
-    if decision is None or guard is None:
-        return
-    commit = getattr(worker, "_deferred_commit", None)
-    if callable(commit) and commit() is not None:
-        # A deferred context-KV commit is stored by the next draft forward; a step
-        # without one would leave it pending (SGLANG_DSPARK_DEFER_CONTEXT_KV).
-        logger.warning(
-            "DSPARK_MOE: draft_decision: priced is off because SGLANG_DSPARK_DEFER_CONTEXT_KV "
-            "stores the draft context in the next draft pass; every step drafts"
-        )
+    if decision is None or guard is None or _defers_context_kv(worker):
         return
     guard.draft_gate = DraftGate(
         decision,
@@ -443,6 +446,28 @@ def _install_draft_gate(worker: Any, decider: Any) -> None:
         "less; probe every %d steps)",
         decision.probe_every,
     )
+
+
+def _defers_context_kv(worker: Any) -> bool:
+    """Whether SGLang stores the draft context in the next draft pass
+    (``SGLANG_DSPARK_DEFER_CONTEXT_KV``): then a step without a draft pass would leave
+    it pending, and the draft decision is off (logged)."""
+    commit = getattr(worker, "_deferred_commit", None)
+    if not callable(commit) or commit() is None:
+        return False
+    logger.warning(
+        "DSPARK_MOE: draft_decision: priced is off because SGLANG_DSPARK_DEFER_CONTEXT_KV "
+        "stores the draft context in the next draft pass; every step drafts"
+    )
+    return True
+
+
+def _drop_gate_under_deferred_commit(worker: Any) -> None:
+    """After SGLang's graph capture (where it builds a deferred commit): no draft
+    decision if the context KV is deferred (:func:`_defers_context_kv`)."""
+    guard = _fault_guard(worker)
+    if guard is not None and guard.draft_gate is not None and _defers_context_kv(worker):
+        guard.draft_gate = None
 
 
 def _attach_token_history(worker: Any) -> None:

@@ -208,6 +208,7 @@ class GuardedPropose:
         *,
         records: bool = True,
         step_metrics: metrics.StepMetrics | None = None,
+        host_flags: bool = False,
     ) -> None:
         self.original = original
         self.proposer = proposer
@@ -217,6 +218,8 @@ class GuardedPropose:
         self.records = records
         #: Device accumulator counting non-finite steps (``None``: not counted).
         self.step_metrics = step_metrics
+        #: The drafter's output is in host memory (a CPU worker): :meth:`fold` reads its flags.
+        self.host_flags = host_flags
         self.calls = 0
         self.fallbacks = 0
         #: Rewrites each healthy step's proposal after :meth:`fold` (context copies), or None.
@@ -250,8 +253,7 @@ class GuardedPropose:
                 proposal = _poisoned(proposal)
         except Exception as exc:  # any drafter failure must not lose the step
             return self._fallback("draft_error", f"{type(exc).__name__}: {exc}", **kw)
-        with sync_probe.sync_free("GuardedPropose.fold"):
-            proposal = self.fold(proposal, **kw)
+        proposal = self.fold(proposal, **kw)
         if self.context_copy is not None:
             try:
                 with sync_probe.sync_free("GuardedPropose.context_copy"):
@@ -277,19 +279,29 @@ class GuardedPropose:
         return self._placeholder(**kw)
 
     def fold(self, proposal: Any, **kw: Any) -> Any:
-        """Non-finite rows -> placeholder rows, their verify length capped at 1 (device)."""
+        """Non-finite rows -> placeholder rows, their verify length capped at 1 (device).
+
+        The rewrite passes over the whole ``[N, B, V]`` draft logits. On a GPU that is a
+        few microseconds and a host read of "any row bad?" would stall the step, so it
+        always runs. With ``host_flags`` (a CPU worker) reading that flag stalls nothing and
+        the pass costs milliseconds, so a step without a bad row (nearly every one) skips it.
+        """
         rows = int(proposal.draft_block.draft_tokens.shape[0])
-        bad = _pad_rows(non_finite_rows(proposal, min(rows, int(kw["bs"]))), rows)
-        anchor = _pad_rows(kw["draft_input"].bonus_tokens.reshape(-1), rows)
-        setattr(self.planner, PLAIN_ROWS_ATTR, bad)
-        if self.step_metrics is not None:
-            self.step_metrics.count_non_finite(bad.any())
-        return fold_rows(
-            proposal,
-            bad,
-            anchor,
-            with_confidence=getattr(self.planner, "carries_confidence", False),
-        )
+        with sync_probe.sync_free("GuardedPropose.non_finite"):
+            bad = _pad_rows(non_finite_rows(proposal, min(rows, int(kw["bs"]))), rows)
+            setattr(self.planner, PLAIN_ROWS_ATTR, bad)
+            if self.step_metrics is not None:
+                self.step_metrics.count_non_finite(bad.any())
+        if self.host_flags and not bool(bad.any()):
+            return proposal
+        with sync_probe.sync_free("GuardedPropose.fold"):
+            anchor = _pad_rows(kw["draft_input"].bonus_tokens.reshape(-1), rows)
+            return fold_rows(
+                proposal,
+                bad,
+                anchor,
+                with_confidence=getattr(self.planner, "carries_confidence", False),
+            )
 
     def _fallback(self, reason: str, detail: str, **kw: Any) -> Any:
         self.fallbacks += 1

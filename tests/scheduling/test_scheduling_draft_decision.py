@@ -91,6 +91,28 @@ def test_probes_that_keep_the_batch_plain_back_off_and_a_drafting_price_resets()
     assert cheap.last.reason == "priced" and cheap.probe_gap == 2
 
 
+def test_outcomes_correct_the_confidences_a_round_is_priced_with() -> None:
+    keys = ["a", "b"]
+    d = _decision(0.008)
+    d.observe(keys, torch.full((2, B), 0.9))
+    assert d.rho == 1.0 and d.decide(keys) is True  # 2 + 2 * 2.439 tokens pay the draft pass
+    first = d.last
+    d.observe_outcome(predicted=4.0, accepted=1.0)
+    d.observe_outcome(predicted=4.0, accepted=1.0)
+    assert d.rho == pytest.approx(0.25)
+    assert d.decide(keys) is False  # the drafts the confidences promise are not accepted
+    assert d.last is not None and first is not None and d.last.rho == pytest.approx(0.25)
+    assert d.last.draft_tok_s == pytest.approx(
+        (2 + 0.25 * 2 * 2.439) / (2 + 2 * 2.439) * first.draft_tok_s
+    )
+    # Recent rounds weigh more: outcomes now as good as predicted bring rho back up.
+    for _ in range(30):
+        d.observe_outcome(predicted=4.0, accepted=4.0)
+    assert d.rho == pytest.approx(1.0, abs=0.05) and d.decide(keys) is True
+    with pytest.raises(ValueError, match="accepted drafts must be finite"):
+        d.observe_outcome(predicted=1.0, accepted=float("nan"))
+
+
 def test_plain_steps_timed_price_the_plain_option() -> None:
     d = _decision(0.001)
     assert d.plain_seconds(4) == pytest.approx(1 / TABLE.lookup(4))

@@ -111,6 +111,33 @@ def test_fold_replaces_only_the_non_finite_rows_without_host_reads() -> None:
     assert acc.non_finite.tolist() == [1]
 
 
+def test_with_host_flags_a_step_without_a_bad_row_is_not_rewritten() -> None:
+    """A CPU worker's guard reads the row flags: a healthy step's proposal passes through
+    untouched (no pass over its draft logits); a step with a NaN row is still folded."""
+    import msgspec
+
+    healthy = _sampled_proposal()
+    healthy = msgspec.structs.replace(
+        healthy,
+        draft_block=msgspec.structs.replace(
+            healthy.draft_block,
+            corrected_logits=torch.nan_to_num(healthy.draft_block.corrected_logits, nan=0.0),
+        ),
+    )
+
+    class DraftInput:
+        bonus_tokens = torch.tensor([[5], [7]])
+
+    for proposal, folded in ((healthy, False), (_sampled_proposal(), True)):
+        planner = _Planner()
+        guard = fallback.GuardedPropose(
+            lambda p=proposal, **kw: p, object(), planner, 3, host_flags=True
+        )
+        out = guard(bs=2, draft_input=DraftInput(), sampling_info=None)
+        assert (out is not proposal) is folded
+        assert getattr(planner, fallback.PLAIN_ROWS_ATTR).tolist() == [False, folded]
+
+
 class _Planner:
     carries_confidence = True
 
