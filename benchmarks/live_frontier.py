@@ -38,24 +38,24 @@ where the CPU has native bf16 matrix instructions, else float32) and a smaller K
 Client. A cell is a prompt set (``--prompt-set``: ``all`` of
 ``benchmarks/data/mixed_prompts.json``, or ``math_code``, its ``gsm8k-`` and ``humaneval-``
 items, at ``--math-code-concurrency`` only) x a concurrency (``--concurrency``,
-bench_serving's ``--max-concurrency``, every request sent at once otherwise) x a temperature. Each engine runs each cell once per
-repeat as one ``bench_serving`` subprocess: ``--dataset-name sharegpt``, ``--num-prompts``
-(default ``max(8, 2 x concurrency)``), ``--sharegpt-output-len`` (``--output-len``, EOS
-ignored, bench_serving's default), ``--temperature``, ``--seed`` (``--seed`` + repeat: the
-same prompts for every engine in a repeat, other prompts in the next), ``--flush-cache`` (a
-cold radix cache: TTFT includes the prefill) and ``--warmup-requests 0`` (each server got an
-untimed warm-up per temperature after start-up instead, so the server's counters read
-around a cell hold the cell only), ``--output-file`` (JSONL) for the figures: output
-throughput, median TPOT (per-user speed = 1000 / median TPOT ms) and median TTFT. The
-accepted length per verify round (bonus token included) and the share of request-steps
-that drafted come from the server's ``/metrics`` read right before and after the cell:
-``dspark_accepted_length`` (sum / count of the cell's rounds) and
-``dspark_draft_request_steps_total{drafted="true"|"false"}``; null where the server has no
-such series (plain decoding; a worker without the counter). bench_serving's own accept
-length (``/server_info``, SGLang's counter since the cell's flush, updated every decode log
-interval) is kept beside it in ``repeats``. Within a repeat the cells run in turn and, in
-each cell, the engines take turns in ``--engines`` order (plain first), reversed in odd
-repeats, so the machine's drift hits every engine of a cell alike.
+bench_serving's ``--max-concurrency``, every request sent at once otherwise) x a
+temperature. Each engine runs each cell once per repeat as one ``bench_serving`` subprocess:
+``--dataset-name sharegpt``, ``--num-prompts`` (default ``max(8, 2 x concurrency)``),
+``--sharegpt-output-len`` (``--output-len``, EOS ignored, bench_serving's default),
+``--temperature``, ``--seed`` (``--seed`` + repeat: the same prompts for every engine in a
+repeat, other prompts in the next), ``--flush-cache`` (a cold radix cache: TTFT includes the
+prefill) and ``--warmup-requests 0`` (each server got an untimed warm-up per temperature
+after start-up instead, so the server's counters read around a cell hold the cell only),
+``--output-file`` (JSONL) for the figures: output throughput, median TPOT (per-user speed =
+1000 / median TPOT ms) and median TTFT. The accepted length per verify round (bonus token
+included) and the share of request-steps that drafted come from the server's ``/metrics``
+read right before and after the cell: ``dspark_accepted_length`` (sum / count of the cell's
+rounds) and ``dspark_draft_request_steps_total{drafted="true"|"false"}``; null where the
+server has no such series (plain decoding; a worker without the counter). bench_serving's
+own accept length (``/server_info``, SGLang's counter since the cell's flush, updated every
+decode log interval) is kept beside it in ``repeats``. Within a repeat the cells run in turn
+and, in each cell, the engines take turns in ``--engines`` order (plain first), reversed in
+odd repeats, so the machine's drift hits every engine of a cell alike.
 
 JSON (``--out``, default a fresh run folder): ``rows``, one per (prompt set, concurrency,
 temperature, engine): ``output_tok_s``, ``user_tok_s``, ``median_ttft_ms``,
@@ -156,12 +156,8 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="requests per cell (default: max(8, 2 x concurrency))",
     )
-    ap.add_argument(
-        "--output-len", type=int, default=64, help="tokens per request (EOS ignored)"
-    )
-    ap.add_argument(
-        "--prompt-set", nargs="+", choices=list(PROMPT_SETS), default=list(PROMPT_SETS)
-    )
+    ap.add_argument("--output-len", type=int, default=64, help="tokens per request (EOS ignored)")
+    ap.add_argument("--prompt-set", nargs="+", choices=list(PROMPT_SETS), default=list(PROMPT_SETS))
     ap.add_argument(
         "--math-code-concurrency",
         nargs="+",
@@ -169,9 +165,7 @@ def parser() -> argparse.ArgumentParser:
         default=[1],
         help="the concurrencies of --concurrency at which prompt set math_code runs",
     )
-    ap.add_argument(
-        "--prompts", type=Path, default=DEFAULT_PROMPTS, help="ShareGPT prompt file"
-    )
+    ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="ShareGPT prompt file")
     ap.add_argument(
         "--values",
         type=Path,
@@ -195,9 +189,7 @@ def parser() -> argparse.ArgumentParser:
         default=8192,
         help="KV pool cap in tokens, every server (all of them are alive together)",
     )
-    ap.add_argument(
-        "--seed", type=int, default=0, help="bench_serving's seed in repeat 0"
-    )
+    ap.add_argument("--seed", type=int, default=0, help="bench_serving's seed in repeat 0")
     ap.add_argument(
         "--cell-timeout",
         type=float,
@@ -211,9 +203,7 @@ def parser() -> argparse.ArgumentParser:
         help="result JSON (default: live_frontier.json in a fresh run folder, "
         "<cache>/runs/bench/live_frontier-<UTC time>/)",
     )
-    ap.add_argument(
-        "--plot", type=Path, default=None, help="PNG (default: beside --out)"
-    )
+    ap.add_argument("--plot", type=Path, default=None, help="PNG (default: beside --out)")
     ap.add_argument(
         "--cells",
         type=Path,
@@ -229,9 +219,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for name in ("repeats", "output_len", "threads", "max_total_tokens"):
         if getattr(args, name) < 1:
-            ap.error(
-                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-            )
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.output_len < 4:
         ap.error("--output-len must be >= 4 (bench_serving's sharegpt minimum)")
     for flag, values in (
@@ -251,9 +239,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency levels must be >= 1, got {args.concurrency}")
-    if min(args.temperatures) < 0 or not all(
-        math.isfinite(t) for t in args.temperatures
-    ):
+    if min(args.temperatures) < 0 or not all(math.isfinite(t) for t in args.temperatures):
         ap.error(f"--temperatures must be finite and >= 0, got {args.temperatures}")
     if args.num_prompts is not None and args.num_prompts < max(args.concurrency):
         ap.error(
@@ -261,9 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "in flight: give at least the highest --concurrency"
         )
     if not 0 < args.mem_fraction_static < 1:
-        ap.error(
-            f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}"
-        )
+        ap.error(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
     for flag, value in (("--prompts", args.prompts), ("--values", args.values)):
         if not value.is_file():
             ap.error(f"{flag} {value}: no such file")
@@ -314,16 +298,11 @@ def measure(
     """Every repeat, cell and engine (``turn_order``) not yet in ``record``, added to it."""
     cells = grid(args)
     todo = [
-        (r, c)
-        for r in range(args.repeats)
-        for c in cells
-        if not record.done(r, c, args.engines)
+        (r, c) for r in range(args.repeats) for c in cells if not record.done(r, c, args.engines)
     ]
     total = len(todo) * len(args.engines)
     if len(todo) < args.repeats * len(cells):
-        print(
-            f"resuming {record.path}: {len(todo)} of {args.repeats * len(cells)} cells to run"
-        )
+        print(f"resuming {record.path}: {len(todo)} of {args.repeats * len(cells)} cells to run")
     done = 0
     for rep, cell in todo:
         for engine in turn_order(args.engines, rep):
@@ -343,9 +322,7 @@ def measure(
                     tag=tag,
                 )
             except subprocess.TimeoutExpired as exc:
-                raise RuntimeError(
-                    f"{tag}: bench_serving ran past --cell-timeout"
-                ) from exc
+                raise RuntimeError(f"{tag}: bench_serving ran past --cell-timeout") from exc
             except (RuntimeError, ValueError) as exc:
                 raise RuntimeError(f"{tag}: {exc}") from exc
             record.add(rep, cell, engine, fig)
@@ -380,9 +357,7 @@ def record_settings(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault(
-        "SGLANG_USE_CPU_ENGINE", "1"
-    )  # before anything imports sglang
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
     from dspark_sglang.profiling.hardware import detect_fingerprint
     from dspark_sglang.results import default_out, dump_json, software_versions
     from dspark_sglang.targets.smollm2 import ensure_smollm2
@@ -405,9 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         loadavg_start = os.getloadavg()
         pending = any(
-            not record.done(r, c, args.engines)
-            for r in range(args.repeats)
-            for c in grid(args)
+            not record.done(r, c, args.engines) for r in range(args.repeats) for c in grid(args)
         )
         try:
             with contextlib.ExitStack() as stack:
@@ -415,9 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if pending:
                     servers, startup = start_servers(stack, plan, args.engines, work)
                     warm_up(servers, args.temperatures)
-                memory = {
-                    e: {"after_start": memory_mb(s.pid)} for e, s in servers.items()
-                }
+                memory = {e: {"after_start": memory_mb(s.pid)} for e, s in servers.items()}
                 measure(servers, args, datasets, str(model_path), work, record)
                 for engine, srv in servers.items():
                     memory[engine]["at_end"] = memory_mb(srv.pid)
@@ -447,13 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "math_code_concurrency": args.math_code_concurrency,
             "temperatures": args.temperatures,
             "repeats": args.repeats,
-            "num_prompts": {
-                c: num_prompts(c, args.num_prompts) for c in args.concurrency
-            },
+            "num_prompts": {c: num_prompts(c, args.num_prompts) for c in args.concurrency},
             "output_len": args.output_len,
-            "prompt_sets": {
-                s: list(PROMPT_SETS[s]) or "every item" for s in args.prompt_set
-            },
+            "prompt_sets": {s: list(PROMPT_SETS[s]) or "every item" for s in args.prompt_set},
             "prompts_file": str(args.prompts),
             "values_file": str(args.values),
             "tier": dict(plan.tier),
@@ -476,9 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "before and after each cell (dspark_accepted_length sum / count; "
             "dspark_draft_request_steps_total{drafted}); accept_length falls back to "
             "bench_serving's (/server_info) where the server has no dspark_accepted_length",
-            "frontier_method": inspect.cleandoc(
-                matched_throughput_speedup.__doc__ or ""
-            ),
+            "frontier_method": inspect.cleandoc(matched_throughput_speedup.__doc__ or ""),
         },
         "startup_s": startup,
         "server_memory": memory,

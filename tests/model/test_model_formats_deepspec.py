@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from sglang_runtime import single_process_runtime
 from torch import nn
 
 from dspark_sglang.model.checkpoint import CheckpointError, load_drafter, save_drafter
@@ -403,47 +403,9 @@ def test_import_refuses_mixed_precisions(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sglang_runtime() -> Iterator[None]:
-    """SGLang's single-process tp=1 parallel state (its layers read it), torn down after.
-
-    The confidence head is built in every ragged-verify mode but ``static``.
-    """
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
-    from sglang.srt.server_args import ServerArgs
-
-    from dspark_sglang.sglang_integration.server import free_port
-
-    mode = os.environ.get("SGLANG_RAGGED_VERIFY_MODE")
-    os.environ["SGLANG_RAGGED_VERIFY_MODE"] = "cap-accept"
-    own_dist = not torch.distributed.is_initialized()
-    if own_dist:
-        parallel_state.init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            backend="gloo",
-            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-        )
-    own_groups = not parallel_state.model_parallel_is_initialized()
-    if own_groups:
-        reset_context()
-        publish(
-            ServerArgs(model_path="dummy", device="cpu"),
-            role="test",
-            ranks=SpawnRanks(world_rank=0),
-        )
-        get_parallel().override_permanently(world_group=parallel_state._WORLD)
-        parallel_state.initialize_model_parallel(backend="gloo")
-    yield
-    if own_groups:
-        parallel_state.destroy_model_parallel()
-        reset_context()
-    if own_dist:
-        parallel_state.destroy_distributed_environment()
-    if mode is None:
-        os.environ.pop("SGLANG_RAGGED_VERIFY_MODE")
-    else:
-        os.environ["SGLANG_RAGGED_VERIFY_MODE"] = mode
+    """SGLang's single-process tp=1 runtime (``sglang_runtime.single_process_runtime``)."""
+    with single_process_runtime():
+        yield
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 import torch
 from host_sync_guard import HostSyncError, host_syncs_raise
 from safetensors.torch import load_file
+from sglang_runtime import single_process_runtime
 
 from dspark_sglang.model import (
     CheckpointError,
@@ -43,7 +43,6 @@ from dspark_sglang.model import (
 )
 from dspark_sglang.model.moe import MoEFFN, route
 from dspark_sglang.model.vocab import DraftVocab, scatter_to_vocab
-from dspark_sglang.sglang_integration.server import free_port
 
 pytestmark = pytest.mark.sglang
 
@@ -54,41 +53,9 @@ ATOL = 2e-5
 
 @pytest.fixture(scope="module")
 def sglang_runtime() -> Iterator[None]:
-    """SGLang's single-process tp=1 setup (its layers need the parallel groups).
-
-    Torn down afterwards: the topology is stamped process-wide, and a later engine
-    start with ``tp_size=2`` in the same pytest process must not see it.
-    """
-    os.environ.setdefault("SGLANG_RAGGED_VERIFY_MODE", "cap-accept")
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
-    from sglang.srt.server_args import ServerArgs
-
-    own_dist = not torch.distributed.is_initialized()
-    if own_dist:
-        parallel_state.init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            backend="gloo",
-            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-        )
-    own_groups = not parallel_state.model_parallel_is_initialized()
-    if own_groups:
-        reset_context()
-        publish(
-            ServerArgs(model_path="dummy", device="cpu"),
-            role="test",
-            ranks=SpawnRanks(world_rank=0),
-        )
-        get_parallel().override_permanently(world_group=parallel_state._WORLD)
-        parallel_state.initialize_model_parallel(backend="gloo")
-    yield
-    if own_groups:
-        parallel_state.destroy_model_parallel()
-        reset_context()
-    if own_dist:
-        parallel_state.destroy_distributed_environment()
+    """SGLang's single-process tp=1 runtime (``sglang_runtime.single_process_runtime``)."""
+    with single_process_runtime():
+        yield
 
 
 def _config(**overrides: Any) -> DSparkConfig:
