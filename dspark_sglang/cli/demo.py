@@ -47,10 +47,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         max_new_tokens=48,
         policy_help=(
             f"scheduling policy of the DSPARK_MOE engine whose ratio leads the report. SGLang "
-            f"engine default: {DEFAULT_POLICY}, our hardware-aware prefix scheduler, with a "
-            f"cost table the worker measures at start-up and the drafter's STS file, running "
-            f"the draft pass only in steps where its measured cost pays ('{PRICED_SUFFIX}'; "
-            f"plain 'prefix' drafts every step); '{SGLANG_DECISION}': SGLang's own decision "
+            f"engine default: {DEFAULT_POLICY}, the chart's default tier: our hardware-aware "
+            f"scheduler on confidences from earlier rounds, with a cost table the worker "
+            f"measures at start-up and the drafter's STS file, running the draft pass only in "
+            f"steps where its measured cost pays ('{PRICED_SUFFIX}'; plain 'lagged' drafts "
+            f"every step); '{SGLANG_DECISION}': SGLang's own decision "
             "(the whole block). Reference default: verify_all"
         ),
         extra_policies=(SGLANG_DECISION, *(p for p in ENGINE_POLICIES if PRICED_SUFFIX in p)),

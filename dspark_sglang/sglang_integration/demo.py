@@ -127,10 +127,11 @@ PRICED_SUFFIX = "+priced"
 ENGINE_POLICIES: tuple[str, ...] = (*POLICIES, *(p + PRICED_SUFFIX for p in NEEDS_COST_TABLE))
 
 #: The verify policy of the DSPARK_MOE engine the report leads with when ``--policy`` is
-#: not given: our hardware-aware prefix scheduler, on a cost table the worker measures at
-#: start-up in the engine's own settings and the drafter's STS file, drafting only in
-#: steps where a drafting round pays (``draft_decision: priced``).
-DEFAULT_POLICY = "prefix" + PRICED_SUFFIX
+#: not given: the policy and draft decision of the chart's default tier, our hardware-aware
+#: scheduler on each request's confidences from ``lag_steps`` rounds back, on a cost table
+#: the worker measures at start-up in the engine's own settings and the drafter's STS
+#: file, drafting only in steps where a drafting round pays (``draft_decision: priced``).
+DEFAULT_POLICY = "lagged" + PRICED_SUFFIX
 
 
 def split_policy(name: str) -> tuple[str, str]:

@@ -142,8 +142,8 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
     reason = [line for line in err.splitlines() if "warn" not in line.lower()]
     assert rc == 0, out + "\n".join(reason[-40:])
     assert ("UNTRAINED" in out) != _TRAINED
-    labels = ("DSPARK_MOE (prefix+priced)", "DSPARK_MOE (sglang)", "DSPARK_MOE (mtp1)")
-    assert "DSPARK_MOE verify policies: prefix+priced, sglang (SGLang's own decision" in out
+    labels = ("DSPARK_MOE (lagged+priced)", "DSPARK_MOE (sglang)", "DSPARK_MOE (mtp1)")
+    assert "DSPARK_MOE verify policies: lagged+priced, sglang (SGLang's own decision" in out
     assert "1 request(s) in flight" in out  # the default: one request at a time
     # Every demo request is greedy, so DSPARK_MOE drafts by argmax (lossless all the same).
     assert "draft: argmax (SGLANG_DSPARK_USE_GREEDY_DRAFT=1)" in out
@@ -184,7 +184,7 @@ def test_sglang_demo_runs_plain_and_dspark_and_reports_figures(
         tokens = runs[label][0]
         assert 0 < rounds <= tokens and accept == pytest.approx(tokens / rounds, abs=1e-3)
         assert accept >= 1.0 and accepted <= tokens
-    assert "first answer (DSPARK_MOE (prefix+priced))" in out
+    assert "first answer (DSPARK_MOE (lagged+priced))" in out
     assert _children() <= before, "engine processes left behind"
 
     # The dtype both engines ran in, and why, as the CPU's flags decide it.

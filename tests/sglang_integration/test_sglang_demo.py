@@ -106,11 +106,11 @@ def _demo_args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["demo", *argv])
 
 
-def test_the_demo_leads_with_prefix_beside_the_whole_block_and_mtp1() -> None:
-    assert demo_policies(_demo_args()) == ("prefix+priced", SGLANG_DECISION, "mtp1")
+def test_the_demo_leads_with_the_charts_default_beside_the_whole_block_and_mtp1() -> None:
+    assert demo_policies(_demo_args()) == ("lagged+priced", SGLANG_DECISION, "mtp1")
     # A lead named in --compare too runs once; --compare with no names runs the lead only.
     assert demo_policies(_demo_args("--policy", SGLANG_DECISION)) == (SGLANG_DECISION, "mtp1")
-    assert demo_policies(_demo_args("--compare")) == ("prefix+priced",)
+    assert demo_policies(_demo_args("--compare")) == ("lagged+priced",)
     assert demo_policies(_demo_args("--policy", "prefix", "--compare")) == ("prefix",)
     assert demo_policies(_demo_args("--policy", "static", "--compare", "mtp1", "mtp1")) == (
         "static",
@@ -129,9 +129,9 @@ def test_several_engines_get_one_config_file_each(tmp_path: Path) -> None:
         for policy in demo_policies(args)
     }
     assert paths[SGLANG_DECISION] is None  # SGLang's own decision: no config
-    assert paths["prefix+priced"] != paths["mtp1"]
+    assert paths["lagged+priced"] != paths["mtp1"]
     for name, policy, decision in (
-        ("prefix+priced", "prefix", "priced"),
+        ("lagged+priced", "lagged", "priced"),
         ("mtp1", "mtp1", "always"),
     ):
         path = paths[name]
@@ -414,3 +414,15 @@ def test_a_flush_refused_for_the_whole_wait_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="refused to flush the radix cache"):
         flush_radix_cache(engine, wait_s=0.05, poll_s=0.01)
     assert engine.calls >= 2
+
+
+def test_the_demos_lead_engine_is_what_the_charts_default_tier_runs() -> None:
+    """``make demo`` leads with the chart's default tier: its policy and draft decision."""
+    import yaml
+
+    from dspark_sglang.bench.live_frontier.engines import default_engine, default_tier
+    from dspark_sglang.sglang_integration.demo import DEFAULT_POLICY
+
+    values = Path(__file__).resolve().parents[2] / "helm" / "dspark-sglang" / "values.yaml"
+    tier = default_tier(yaml.safe_load(values.read_text(encoding="utf-8")))
+    assert default_engine(tier["scheduler"]) == DEFAULT_POLICY
