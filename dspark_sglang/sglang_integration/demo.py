@@ -301,7 +301,8 @@ def resolve_drafter(
 ) -> tuple[Path, bool]:
     """``(checkpoint folder, trained)`` for the DSPARK_MOE engine, validated against the target.
 
-    ``drafter`` if given, else ``default_dir`` if it holds a checkpoint, else a
+    ``drafter`` if given (ours, or DeepSpec's layout: its config and tensor header checked
+    against the target), else ``default_dir`` if it holds a checkpoint, else a
     seeded untrained drafter written with ``save_drafter`` under ``workdir``
     (with a loud warning: its drafts are essentially never accepted).
     Raises ``CheckpointError`` (a ``ValueError``) naming the field and the fix.
@@ -309,6 +310,8 @@ def resolve_drafter(
     import torch
 
     from dspark_sglang.model import DSparkConfig, DSparkDrafter, load_drafter, save_drafter
+    from dspark_sglang.model.formats.deepspec import check_checkpoint
+    from dspark_sglang.model.formats.layout import is_deepspec_folder
     from dspark_sglang.targets.hf_target import default_mask_token_id
 
     spec, tokenizer = _target_spec(model_path)
@@ -317,7 +320,10 @@ def resolve_drafter(
     if path is None and (default_dir / "config.json").is_file():
         path = default_dir
     if path is not None:
-        load_drafter(path, spec, embed, head)  # full check: config vs target, every tensor
+        if is_deepspec_folder(path):  # served by SGLang's dense class: its header vs the target
+            check_checkpoint(path, json.loads((model_path / "config.json").read_text()))
+        else:
+            load_drafter(path, spec, embed, head)  # full check: config vs target, every tensor
         console.print(f"drafter: {path}")
         return path, True
     config = DSparkConfig.for_target(spec, mask_token_id=default_mask_token_id(tokenizer))

@@ -66,11 +66,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
     _dspark_verify_seconds: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from dspark_sglang.sglang_integration import moe_draft_model
+        from dspark_sglang.sglang_integration import dense_draft_checks, moe_draft_model
 
         # Before SGLang loads the draft: our checkpoints name DSparkMoEDraftModel.
         moe_draft_model.register_model_class()
-        _check_draft_heads(kwargs.get("target_worker", args[3] if len(args) > 3 else None))
+        target_worker = kwargs.get("target_worker", args[3] if len(args) > 3 else None)
+        _check_draft_heads(target_worker)
+        dense_draft_checks.check_folder_before_load(target_worker)  # a DeepSpec folder
         super().__init__(*args, **kwargs)
         from dspark_sglang.sglang_integration import fallback, metrics, plain_accept, round_profile
 

@@ -41,6 +41,7 @@ from dspark_sglang.scheduling.config import RAGGED_VERIFY_MODES, SchedulerConfig
 from dspark_sglang.scheduling.config import num_draft_tokens as draft_tokens_for
 
 __all__ = [
+    "BLOCK_SIZE_FIELDS",
     "CONFIG_ENV",
     "CPU_OVERLAP_ENV",
     "GREEDY_DRAFT_ENV",
@@ -93,22 +94,58 @@ class LaunchError(ValueError):
     """Server settings that do not fit the drafter or the tier's scheduler config."""
 
 
+#: Where a drafter's ``config.json`` may hold its block size, in SGLang's order of reading
+#: (``dspark_block_size`` over ``dflash_config`` over the top level, as in
+#: ``speculative/dspark_components/dspark_config.py`` and ``dflash_utils.py``); our
+#: ``dspark_config`` mirrors ``dflash_config``, DeepSpec writes the top level only.
+BLOCK_SIZE_FIELDS: tuple[str, ...] = (
+    "dspark_block_size",
+    "dspark_config.block_size",
+    "dflash_config.block_size",
+    "block_size",
+)
+
+
 def drafter_block_size(folder: str | Path) -> int:
-    """``block_size`` of a DSpark drafter checkpoint folder (its ``config.json``)."""
+    """``block_size`` of a DSpark drafter folder: ours, DeepSpec's or SGLang's layout.
+
+    Every field of :data:`BLOCK_SIZE_FIELDS` the ``config.json`` has must agree (SGLang
+    drafts the first; a disagreement would make it draft another block than the one
+    the rest of a config says).
+    """
     path = Path(folder) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-        block = config["dspark_config"]["block_size"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(config, dict):
+            raise TypeError(f"a JSON {type(config).__name__}, not an object")
+    except (OSError, ValueError, TypeError) as exc:
         raise LaunchError(
-            f"{path}: cannot read dspark_config.block_size ({type(exc).__name__}: {exc}); "
-            "point --speculative-draft-model-path at a drafter written by dspark-sglang"
+            f"{path}: cannot read the drafter's config ({type(exc).__name__}: {exc}); "
+            "point --speculative-draft-model-path at a DSpark drafter folder"
         ) from exc
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+    found: dict[str, object] = {}
+    for name in BLOCK_SIZE_FIELDS:
+        outer, _, inner = name.rpartition(".")
+        holder = config.get(outer) if outer else config
+        if isinstance(holder, dict) and holder.get(inner) is not None:
+            found[name] = holder[inner]
+    if not found:
         raise LaunchError(
-            f"{path}: dspark_config.block_size must be an integer >= 1, got {block!r}"
+            f"{path}: no block size: none of {', '.join(BLOCK_SIZE_FIELDS)} is set; point "
+            "--speculative-draft-model-path at a DSpark drafter folder (ours, DeepSpec's or "
+            "SGLang's) or add the block_size it was trained with"
         )
-    return block
+    for name, block in found.items():
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise LaunchError(f"{path}: {name} must be an integer >= 1, got {block!r}")
+    if len(set(found.values())) > 1:
+        said = ", ".join(f"{k}={v}" for k, v in found.items())
+        raise LaunchError(
+            f"{path}: the block sizes disagree ({said}); SGLang would draft "
+            f"{next(iter(found.values()))}: make them equal to the block the drafter was "
+            "trained with"
+        )
+    return int(next(iter(found.values())))  # type: ignore[call-overload]
 
 
 def drafter_sts(folder: str | Path, *, greedy_only: bool) -> Path | None:
@@ -252,16 +289,25 @@ def check_server_args(
     does not fit the drafter.
 
     ``None`` for ``num_draft_tokens`` lets SGLang derive it from the drafter
-    (always right). A path SGLang resolves from a hub, or a draft checkpoint in
-    SGLang's own dense format (another ``model_type``), is left to SGLang's checks and
-    to the worker's (``scheduler_bridge.load_decider`` compares the config with the
-    running block size; ``DSparkMoeWorker`` checks the heads against the TP size).
+    (always right). A DeepSpec-layout folder is checked as ours is, after its config
+    and tensor header (``dense_draft_checks.check_folder_at_launch``). A path SGLang
+    resolves from a hub, or a draft checkpoint in SGLang's own dense format, is left to
+    SGLang's checks and to the worker's (``scheduler_bridge.load_decider`` compares the
+    config with the running block size; ``DSparkMoeWorker`` checks the heads against the
+    TP size and the draft against the target).
     ``tp_size`` is the attention-TP width and ``device`` the server's device, for
     :func:`check_draft_heads`.
     """
     env = os.environ if env is None else env
-    if not drafter_path or not is_dspark_moe_drafter(drafter_path):
+    if not drafter_path:
         return
+    if not is_dspark_moe_drafter(drafter_path):
+        from dspark_sglang.model.formats.layout import is_deepspec_folder
+        from dspark_sglang.sglang_integration.dense_draft_checks import check_folder_at_launch
+
+        if not is_deepspec_folder(drafter_path):
+            return
+        check_folder_at_launch(drafter_path)
     heads, kv_heads = drafter_heads(drafter_path)
     check_draft_heads(heads, kv_heads, tp_size, device, f"{drafter_path}/config.json")
     block = drafter_block_size(drafter_path)

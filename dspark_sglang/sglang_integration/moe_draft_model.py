@@ -607,10 +607,13 @@ def register_model_class() -> None:
 
 
 def check_loaded_draft(draft_model: Any, target_worker: Any, gamma: int) -> None:
-    """Start-up gate for our drafter beside the target SGLang loaded (no-op for other drafts)."""
-    if not isinstance(draft_model, DSparkMoEDraftModel):
-        return
+    """Start-up gate for the draft beside the target SGLang loaded: ours, or SGLang's dense
+    class (``dense_draft_checks``); other drafts pass."""
     target_hf = target_worker.model_runner.model_config.hf_text_config
+    if not isinstance(draft_model, DSparkMoEDraftModel):
+        from dspark_sglang.sglang_integration.dense_draft_checks import check_loaded_dense_draft
+
+        return check_loaded_dense_draft(draft_model, target_hf, gamma)
     check_against_target(draft_model.dspark_config, target_hf, gamma)
 
 

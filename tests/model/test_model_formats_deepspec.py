@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from deepspec_layout import deepspec_shapes, save_deepspec
+from safetensors.torch import load_file
 from sglang_runtime import single_process_runtime
 from torch import nn
 
@@ -68,37 +69,6 @@ def deepspec_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def deepspec_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The tensors DeepSpec's ``Qwen3DSparkModel`` state dict holds, spelled out here."""
-    h, v, r, d = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"], cfg["head_dim"]
-    q, kv, i = (
-        cfg["num_attention_heads"] * d,
-        cfg["num_key_value_heads"] * d,
-        cfg["intermediate_size"],
-    )
-    shapes = {"embed_tokens.weight": (v, h), "norm.weight": (h,), "lm_head.weight": (v, h),
-              "fc.weight": (h, len(cfg["target_layer_ids"]) * h), "hidden_norm.weight": (h,),
-              "markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (v, r),
-              "confidence_head.proj.bias": (1,)}  # fmt: skip
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"layers.{n}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        }  # fmt: skip
-    if cfg["markov_head_type"] == "gated":
-        shapes |= {"markov_head.gate_proj.weight": (r, h + r), "markov_head.gate_proj.bias": (r,)}
-    if cfg["markov_head_type"] == "rnn":
-        shapes |= {"markov_head.joint_proj.weight": (3 * r, 2 * r + h),
-                   "markov_head.joint_proj.bias": (3 * r,)}  # fmt: skip
-    shapes["confidence_head.proj.weight"] = (1, h + r * cfg["confidence_head_with_markov"])
-    return shapes
-
-
 def write_deepspec(
     folder: Path,
     cfg: dict[str, Any] | None = None,
@@ -114,10 +84,7 @@ def write_deepspec(
     }
     if edit is not None:
         edit(tensors)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    return folder
+    return save_deepspec(folder, cfg, tensors)
 
 
 def same_bytes(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
