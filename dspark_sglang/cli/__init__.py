@@ -22,13 +22,25 @@ def commands() -> dict[str, Command]:
         demo,
         export_drafter,
         generate,
+        import_drafter,
         plan,
         profile,
         simulate,
         train,
     )
 
-    modules = (demo, generate, train, export_drafter, calibrate, profile, simulate, plan, bench)
+    modules = (
+        demo,
+        generate,
+        train,
+        export_drafter,
+        import_drafter,
+        calibrate,
+        profile,
+        simulate,
+        plan,
+        bench,
+    )
     return {m.COMMAND.name: m.COMMAND for m in modules}
 
 

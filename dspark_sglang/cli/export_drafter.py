@@ -25,6 +25,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--to", required=True, type=Path, help="folder to write (config + weights)")
     p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="ours",
+        help="ours (default): the layout DSPARK_MOE's own draft class loads; deepspec: "
+        "DeepSpec's Qwen3DSparkModel layout (architectures, draft fields at the top level, "
+        "the target's embedding and LM head stored), which SGLang's own DSPARK and dense "
+        "draft class load, written into a new folder. Only a dense drafter without a "
+        "sliding window or token map has a DeepSpec form: anything else is refused, naming "
+        "the field (docs/use-a-drafter-you-already-have.md)",
+    )
+    p.add_argument(
         "--dtype",
         choices=("bfloat16", "float16", "float32"),
         default="bfloat16",
@@ -94,9 +105,45 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+FORMATS = ("ours", "deepspec")
+#: Flags of our own layout only: DeepSpec's has no token map.
+_OURS_ONLY = ("draft_vocab_size", "greedy_draft_vocab_size", "narrow_to_greedy_map",
+              "draft_vocab_data")  # fmt: skip
+
+
+def _run_deepspec(args: argparse.Namespace) -> int:
+    from dspark_sglang.training.deepspec_io import export_deepspec
+
+    given = [f"--{k.replace('_', '-')}" for k in _OURS_ONLY if getattr(args, k)]
+    if given:
+        print(
+            f"export-drafter: error: {', '.join(given)}: DeepSpec's layout has no token map "
+            "(its LM head and Markov head cover the whole vocabulary); drop them or use "
+            "--format ours",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        dest = export_deepspec(
+            args.source,
+            args.to,
+            target=args.target,
+            dtype=args.dtype,
+            sts=args.sts,
+            sts_greedy=args.sts_greedy,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"export-drafter: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {args.source} -> {dest} in DeepSpec's layout (architectures Qwen3DSparkModel)")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.training.export import export_drafter
 
+    if args.format == "deepspec":
+        return _run_deepspec(args)
     try:
         res = export_drafter(
             args.source,

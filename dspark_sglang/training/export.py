@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dspark_sglang.calibration.sts import GREEDY_STS_FILENAME, STS_FILENAME
 
-__all__ = ["EXPORTED_FILES", "ExportResult", "export_drafter"]
+__all__ = ["EXPORTED_FILES", "ExportResult", "export_drafter", "load_target"]
 
 EXPORTED_FILES = ("config.json", "model.safetensors", STS_FILENAME, GREEDY_STS_FILENAME)
 DRAFT_VOCAB_RANKINGS = ("count", "mass")
@@ -54,6 +55,21 @@ class ExportResult:
     greedy_draft_vocab: dict[str, object] | None = None
     #: Size of the source's greedy map the drafter was narrowed to (``narrow_to_greedy_map``).
     narrowed_to_greedy_map: int | None = None
+
+
+def load_target(target: str) -> tuple[Any, Any]:
+    """``(HF model, TargetSpec)`` of ``--target``: ``smollm2`` or an HF model folder."""
+    from transformers import AutoModelForCausalLM
+
+    from dspark_sglang.model.config import TargetSpec
+    from dspark_sglang.targets.hf_target import target_name_of
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+    path = ensure_smollm2() if target == "smollm2" else Path(target)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    return model, TargetSpec.from_hf_config(model.config, name=target_name_of(path))
 
 
 def export_drafter(
@@ -110,14 +126,10 @@ def export_drafter(
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     from dspark_sglang.calibration.sts import load_sts
     from dspark_sglang.model.checkpoint import load_drafter, save_drafter
-    from dspark_sglang.model.config import TargetSpec
     from dspark_sglang.model.discovery import resolve_checkpoint
-    from dspark_sglang.targets.hf_target import target_name_of
-    from dspark_sglang.targets.smollm2 import ensure_smollm2
 
     ckpt = resolve_checkpoint("--from", source)
     if ckpt.kind == "ar":
@@ -132,11 +144,7 @@ def export_drafter(
                 f"{flag_name} has {cal.block_size} temperatures but the drafter's block size "
                 f"is {ckpt.block_size}; fit STS on this drafter's rollouts"
             )
-    path = ensure_smollm2() if target == "smollm2" else Path(target)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
-    model = AutoModelForCausalLM.from_pretrained(str(path))
-    spec = TargetSpec.from_hf_config(model.config, name=target_name_of(path))
+    model, spec = load_target(target)
     drafter = load_drafter(
         ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
     )

@@ -20,6 +20,7 @@ EXPECTED = {
     "generate",
     "train",
     "export-drafter",
+    "import-drafter",
     "calibrate",
     "profile",
     "simulate",

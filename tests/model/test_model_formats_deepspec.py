@@ -214,6 +214,18 @@ def test_our_dense_drafter_exports_and_imports_back(
     assert {k: getattr(got, k) for k in keep} == {k: getattr(drafter.config, k) for k in keep}
 
 
+def test_export_of_a_tied_target_writes_two_tensors(
+    tmp_path: Path, make_drafter: Callable[..., DSparkDrafter]
+) -> None:
+    """A target with tied embeddings (SmolLM2, small Qwen3s) passes one tensor as both."""
+    drafter = make_drafter(ffn_type="dense", sliding_window=None)
+    ours = save_drafter(drafter, tmp_path / "ours")  # float32: no cast that would copy
+    tied = drafter.embed_tokens.weight
+    out = export_from_ours(ours, tmp_path / "ds", embed_tokens=tied, lm_head=tied)
+    stored = load_file(str(out / "model.safetensors"))
+    assert torch.equal(stored["embed_tokens.weight"], stored["lm_head.weight"])
+
+
 # --------------------------------------------------------------------------- refusals
 
 

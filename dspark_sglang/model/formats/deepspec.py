@@ -449,7 +449,7 @@ def export_from_ours(
     state = _load_tensors(src)
     dtype = _one_dtype(state, src)
     for name, tensor in zip(SHARED_TENSORS, (embed_tokens, lm_head), strict=True):
-        state[name] = tensor.detach().to("cpu", getattr(torch, dtype)).contiguous()
+        state[name] = tensor.detach().to("cpu", getattr(torch, dtype), copy=True).contiguous()
     cfg = DeepSpecConfig(**{k: getattr(ours, k) for k in _COMMON}, torch_dtype=dtype,
         num_target_layers=ours.target_num_layers, num_anchors=num_anchors,
         target_name=ours.target_name)  # fmt: skip
