@@ -50,9 +50,11 @@ class DSparkMoeWorker(DSparkWorkerV2):
       after the fault guard (``context_copy``), reading each request's text from a
       device table this worker writes at prefill and after each verify
       (``token_history``), so copies work with the overlap scheduler.
-    * Anchor-only steps: a step in which every request verifies its anchor only (a plain
-      step of the draft decision, a drafter fault) accepts on two verify rows per request
-      instead of the whole block (``plain_accept``: same outcome, a quarter of the work).
+    * Plain steps: a step the draft decision leaves plain runs as SGLang's decode step on
+      a CPU worker (``plain_decode``: decode forward, SGLang's sampler, the draft-context
+      commit of the decoded tokens). Any other step in which every request verifies its
+      anchor only (a drafter fault; a plain step where ``plain_decode`` does not apply)
+      accepts on two verify rows per request (``plain_accept``).
     * Profiling aid: ``DSPARK_PROFILE_ROUNDS=<file.json>`` times each phase of
       a decode round (``round_profile``); unset, nothing is wrapped.
     """
@@ -74,7 +76,13 @@ class DSparkMoeWorker(DSparkWorkerV2):
         _check_draft_heads(target_worker)
         dense_draft_checks.check_folder_before_load(target_worker)  # a DeepSpec folder
         super().__init__(*args, **kwargs)
-        from dspark_sglang.sglang_integration import fallback, metrics, plain_accept, round_profile
+        from dspark_sglang.sglang_integration import (
+            fallback,
+            metrics,
+            plain_accept,
+            plain_decode,
+            round_profile,
+        )
 
         moe_draft_model.check_loaded_draft(self.draft_model, self.target_worker, int(self.gamma))
         from sglang.srt.runtime_context import get_parallel
@@ -121,6 +129,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
         if executor is not None:
             # Anchor-only steps (a plain step, a drafter fault) accept on two rows.
             plain_accept.install(executor, self._verify_planner)
+            # A step the draft decision leaves plain runs as a decode step, where eligible.
+            self._dspark_plain_decode = plain_decode.PlainDecodeStep(self)
         # Profiling aid (DSPARK_PROFILE_ROUNDS); wraps nothing when it is unset. Last, so
         # that it times the fault guard around ``propose`` too.
         round_profile.instrument_worker(self)
@@ -242,12 +252,15 @@ class DSparkMoeWorker(DSparkWorkerV2):
         )
 
     def _forward_decode(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        from dspark_sglang.sglang_integration import draft_gate, fallback
+        from dspark_sglang.sglang_integration import draft_gate, fallback, plain_decode
 
         self._dspark_verify_seconds = 0.0
         t0 = self._dspark_clock()
+        guard = _fault_guard(self)
         try:
-            result = super()._forward_decode(batch, *args, **kwargs)
+            result = plain_decode.try_plain_step(self, guard, batch, args, kwargs)
+            if result is None:
+                result = super()._forward_decode(batch, *args, **kwargs)
             fell_back = getattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
             skipped = getattr(self._verify_planner, draft_gate.SKIPPED_ATTR, False)
         finally:
@@ -256,6 +269,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
             setattr(self._verify_planner, fallback.FORCE_PLAIN_ATTR, False)
             setattr(self._verify_planner, fallback.PLAIN_ROWS_ATTR, None)
             setattr(self._verify_planner, draft_gate.SKIPPED_ATTR, False)
+            if guard is not None:
+                guard.decided_to_draft = False
         seconds = self._dspark_clock() - t0
         if not skipped and not fell_back:
             self._observe_outcome(result)
@@ -332,7 +347,7 @@ class DSparkMoeWorker(DSparkWorkerV2):
 
     def _observe_round(self, result: Any) -> None:
         """Feed one decode round's outcome to our metrics and the decision log."""
-        from dspark_sglang.sglang_integration import sync_probe
+        from dspark_sglang.sglang_integration import metrics, sync_probe
 
         accept = getattr(result, "accept_lens", None)
         step_metrics = self._dspark_metrics
@@ -342,32 +357,10 @@ class DSparkMoeWorker(DSparkWorkerV2):
                 if isinstance(verify, int):
                     verify = torch.full_like(accept, verify)
                 step_metrics.observe_round(accept, verify)
-                self._attach_metrics_flush(result, step_metrics)
+                metrics.attach_flush(result, step_metrics)
             decider = getattr(self._verify_planner, "dspark_moe_decider", None)
             if decider is not None:
                 decider.log_used(result.cap_lens)  # syncs only with DSPARK_DECISION_LOG set
-
-    @staticmethod
-    def _attach_metrics_flush(result: Any, step_metrics: Any) -> None:
-        """Hand this step's cumulative snapshot to SGLang as an auxiliary output.
-
-        SGLang copies it to the host with the step's accept lengths (the same
-        asynchronous copy) and the scheduler's result processing calls its
-        ``consume``, which publishes the Prometheus values (``metrics.MetricsFlush``).
-        A step whose result has no logits output carries none; the next one's
-        cumulative snapshot covers it.
-        """
-        from sglang.srt.managers.auxiliary_output import append_auxiliary_output
-
-        from dspark_sglang.sglang_integration.metrics import MetricsFlush
-
-        logits_output = getattr(result, "logits_output", None)
-        if logits_output is None:
-            return
-        logits_output.auxiliary_device_output = append_auxiliary_output(
-            logits_output.auxiliary_device_output,
-            MetricsFlush(step_metrics, step_metrics.snapshot()),
-        )
 
 
 def _check_draft_heads(target_worker: Any) -> None:

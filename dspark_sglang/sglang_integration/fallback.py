@@ -226,6 +226,9 @@ class GuardedPropose:
         self.context_copy: Callable[..., Any] | None = None
         #: Decides per step whether to draft at all (``draft_gate.DraftGate``), or None.
         self.draft_gate: Any = None
+        #: The worker already asked :attr:`draft_gate` this step and it said draft
+        #: (``plain_decode.try_plain_step``); consumed by the next call.
+        self.decided_to_draft = False
         self.inject_every = int(os.environ.get(FAULT_EVERY_ENV, "0") or 0)
         self.inject_mode = os.environ.get(FAULT_MODE_ENV, "raise")
         if self.inject_mode not in ("raise", "nan"):
@@ -242,7 +245,8 @@ class GuardedPropose:
 
     def __call__(self, **kw: Any) -> Any:
         gate = self.draft_gate
-        if gate is not None and not gate.drafts(kw["batch"], int(kw["bs"])):
+        decided, self.decided_to_draft = self.decided_to_draft, False
+        if gate is not None and not decided and not gate.drafts(kw["batch"], int(kw["bs"])):
             return self._plain_step(**kw)
         self.calls += 1
         try:

@@ -313,3 +313,22 @@ class MetricsFlush:
     def consume(self, batch: Any, commits: Any) -> None:
         del batch, commits
         self.metrics.flush(self.snapshot)
+
+
+def attach_flush(result: Any, step_metrics: StepMetrics) -> None:
+    """Hand a decode step's cumulative snapshot to SGLang as an auxiliary output.
+
+    SGLang copies it to the host with the step's accept lengths (the same asynchronous
+    copy) and the scheduler's result processing calls its ``consume``, which publishes
+    the Prometheus values (:class:`MetricsFlush`). A step whose result has no logits
+    output carries none; the next one's cumulative snapshot covers it.
+    """
+    from sglang.srt.managers.auxiliary_output import append_auxiliary_output
+
+    logits_output = getattr(result, "logits_output", None)
+    if logits_output is None:
+        return
+    logits_output.auxiliary_device_output = append_auxiliary_output(
+        logits_output.auxiliary_device_output,
+        MetricsFlush(step_metrics, step_metrics.snapshot()),
+    )

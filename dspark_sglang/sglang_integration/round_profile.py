@@ -114,7 +114,7 @@ PHASES: tuple[Phase, ...] = (
         "verify_forward",
         "target verify",
         "target verify forward",
-        "verify_executor.run_non_compact / run_compact",
+        "verify_executor.run_non_compact / run_compact; a plain step's decode forward",
     ),
     Phase(
         "accept",
@@ -126,7 +126,7 @@ PHASES: tuple[Phase, ...] = (
         "commit_hidden",
         "accept + KV bookkeeping",
         "commit: target hidden -> draft KV",
-        "verify_executor.commit_hidden",
+        "verify_executor.commit_hidden; a plain step's commit",
     ),
     Phase(
         "observers",
@@ -445,6 +445,9 @@ def instrument_worker(worker: Any) -> PhaseTimes | None:
         (worker._observers, "observe_verify_step", "observers"),
         (worker, "_observe_round", "dspark_metrics"),
     )
+    plain = vars(worker).get("_dspark_plain_decode")  # a plain step's two phases
+    if plain is not None:
+        targets += ((plain, "forward", "verify_forward"), (plain, "commit", "commit_hidden"))
     for obj, attr, name in targets:
         # object.__setattr__: an nn.Module's own __setattr__ would do the same for a
         # function, but this states that only this instance changes.

@@ -12,7 +12,9 @@ What must hold:
 * greedy output is the target's (Hugging Face greedy) token for token;
 * a step that does not draft runs no draft forward: the round profiler counts SGLang's
   own draft forward (``_run_forward``) once per drafting step, fewer than the rounds,
-  and ``dspark_draft_request_steps_total`` splits the request-steps the same way;
+  and ``dspark_draft_request_steps_total`` splits the request-steps the same way; it
+  runs as a decode step (``plain_decode``: SGLang's speculative accept runs only in
+  drafting steps);
 * catch-up: at every position where ``priced`` drafts after plain steps, its confidences
   equal those ``every`` computed at the same position (the skipped steps' target hidden
   states reached the draft's context).
@@ -112,6 +114,8 @@ def test_a_step_that_does_not_draft_runs_no_draft_forward(runs: dict[str, Any]) 
     assert forwards <= rounds // (PROBE_EVERY + 1) + 2
     # Every round still commits the target's hidden states to the draft's context.
     assert int(timers["commit_hidden"]["calls"]) == rounds
+    # A plain step is SGLang's decode step (``plain_decode``): no speculative accept.
+    assert int(timers["accept"]["calls"]) == drafted
     m = runs["metrics"]
     assert m[("dspark_draft_request_steps_total", (("drafted", "true"),))] == drafted
     assert m[("dspark_draft_request_steps_total", (("drafted", "false"),))] == rounds - drafted
