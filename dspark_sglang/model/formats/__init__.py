@@ -1,7 +1,8 @@
 """Other projects' DSpark drafter layouts, read, checked and converted to and from ours.
 
 ``deepspec``: DeepSpec's ``Qwen3DSparkModel`` checkpoints (the layout SGLang's own
-dense DSpark class loads).
+dense DSpark class loads). ``speculators``: vLLM speculators' DSpark checkpoints
+(``speculators_model_type: dspark``), read, checked and imported to ours.
 """
 
 from dspark_sglang.model.formats.deepspec import (

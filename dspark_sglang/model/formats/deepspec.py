@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -56,6 +55,11 @@ from dspark_sglang.model import config as C
 from dspark_sglang.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, save_drafter
 from dspark_sglang.model.config import HF_TORCH_DTYPES, MAX_BLOCK_SIZE, DSparkConfig
 from dspark_sglang.model.drafter import DSparkDrafter
+from dspark_sglang.model.formats.common import FLOAT_DTYPES as _FLOAT_DTYPES
+from dspark_sglang.model.formats.common import header as _header
+from dspark_sglang.model.formats.common import load_tensors as _load_tensors
+from dspark_sglang.model.formats.common import one_dtype as _one_dtype
+from dspark_sglang.model.formats.common import same_shapes as _same_shapes
 
 ARCHITECTURE = "Qwen3DSparkModel"
 MODEL_TYPE = "qwen3"
@@ -65,7 +69,6 @@ MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla", "gated", "rnn")
 DEFAULT_NUM_ANCHORS = 512
 #: The target's frozen embedding and LM head: stored by DeepSpec, never by us.
 SHARED_TENSORS: tuple[str, ...] = ("embed_tokens.weight", "lm_head.weight")
-_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors header codes
 # Keys of other layouts; SGLang would read them over DeepSpec's top-level fields.
 _FOREIGN_KEYS: tuple[str, ...] = (
     "dflash_config", "dspark_config", "speculators_model_type", "speculators_config",
@@ -306,22 +309,6 @@ def expected_tensors(cfg: DeepSpecConfig) -> dict[str, tuple[int, ...]]:
 # --------------------------------------------------------------------------- files
 
 
-def _open(folder: Path) -> Any:
-    """``safe_open`` on the weights: the header is parsed and validated, no data is read."""
-    path = folder / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing (shards are not read); merge them into it")
-    try:
-        return safe_open(str(path), framework="pt")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
-
-
-def _load_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    with _open(folder) as f:
-        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-
-
 def _check_target(cfg: DeepSpecConfig, target: Mapping[str, Any], where: Path) -> None:
     t = target["text_config"] if isinstance(target.get("text_config"), Mapping) else target
     keys = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
@@ -363,9 +350,7 @@ def check_checkpoint(
             f"{folder}: block_size={cfg.block_size} > {MAX_BLOCK_SIZE}, the largest block served "
             "here; use a drafter trained with a smaller block"
         )
-    with _open(folder) as f:  # shapes and dtypes from the header alone
-        slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118
-        stored = {k: (s.get_dtype(), tuple(s.get_shape())) for k, s in slices.items()}
+    stored = _header(folder)  # shapes and dtypes from the header alone
     want = expected_tensors(cfg)
     missing, unexpected = sorted(set(want) - set(stored)), sorted(set(stored) - set(want))
     if missing or unexpected:
@@ -388,20 +373,6 @@ def check_checkpoint(
 
 
 # --------------------------------------------------------------------------- conversion
-
-
-def _same_shapes(state: Mapping[str, torch.Tensor], want: Mapping[str, Any], what: str) -> None:
-    got = {k: tuple(t.shape) for k, t in state.items()}
-    diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-    if diff:
-        raise CheckpointError(f"{what}: tensors {diff} are missing, unexpected or misshapen")
-
-
-def _one_dtype(state: Mapping[str, torch.Tensor], where: Path) -> str:
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
-    if len(dtypes) != 1 or dtypes[0] not in HF_TORCH_DTYPES:
-        raise CheckpointError(f"{where}: tensors stored as {dtypes}; cast them to one float dtype")
-    return dtypes[0]
 
 
 # What DeepSpec cannot express (a Markov head 'none' is refused by DeepSpecConfig).
@@ -478,20 +449,35 @@ def import_to_ours(
             f"{folder / CONFIG_FILE} names no target (DeepSpec does not record it); pass "
             "target_name= (e.g. 'Qwen/Qwen3-8B')"
         )
+    state = {k: t for k, t in _load_tensors(folder).items() if k not in SHARED_TENSORS}
+    return save_as_ours(cfg, state, out_dir, target_name=name, where=folder)
+
+
+def save_as_ours(
+    cfg: DeepSpecConfig,
+    state: dict[str, torch.Tensor],
+    out_dir: str | Path,
+    *,
+    target_name: str,
+    where: Path,
+    draft_vocab_size: int | None = None,
+) -> Path:
+    """Write ``state`` (DeepSpec's names, shared tensors dropped; with a reduced vocabulary
+    its ``draft_vocab_ids`` too) as our dense checkpoint of ``cfg`` into ``out_dir``."""
+    _one_dtype({k: t for k, t in state.items() if t.is_floating_point()}, where)
     inter = cfg.intermediate_size
     ours = DSparkConfig(
         **{k: getattr(cfg, k) for k in _COMMON},
         target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_target_layers,
-        target_name=name, slot_convention="anchor_next", sliding_window=None, qk_norm=True,
+        target_name=target_name, slot_convention="anchor_next", sliding_window=None,
+        qk_norm=True, draft_vocab_size=draft_vocab_size,
         ffn_type="dense",  # the MoE fields below are unused by a dense drafter
         num_experts=1, num_experts_per_tok=1, moe_intermediate_size=inter,
         shared_expert=False, shared_expert_intermediate_size=inter,
     )  # fmt: skip
-    state = {k: t for k, t in _load_tensors(folder).items() if k not in SHARED_TENSORS}
-    _one_dtype(state, folder)
     with torch.device("meta"):
         v, h = cfg.vocab_size, cfg.hidden_size
         skeleton = DSparkDrafter(ours, nn.Embedding(v, h), nn.Linear(h, v, bias=False))
     want = {k: tuple(t.shape) for k, t in skeleton.state_dict().items()}
-    _same_shapes(state, want, f"{folder} in our names")
+    _same_shapes(state, want, f"{where} in our names")
     return save_drafter(skeleton, out_dir, state=state)
