@@ -20,7 +20,13 @@ import torch
 from deepspec_layout import deepspec_shapes
 from safetensors.torch import save_file
 
-__all__ = ["save_speculators", "speculators_config", "speculators_shapes", "vocab_maps"]
+__all__ = [
+    "from_drafter",
+    "save_speculators",
+    "speculators_config",
+    "speculators_shapes",
+    "vocab_maps",
+]
 
 
 def speculators_config(
@@ -89,3 +95,37 @@ def save_speculators(folder: Path, cfg: dict[str, Any], tensors: dict[str, torch
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+def from_drafter(drafter: Any, **overrides: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config.json, tensors)`` of one of our dense drafters as ``DSparkDraftModel.
+    save_pretrained`` would write the same weights: layer ids as HF ``hidden_states``
+    indices (ours + 1), the target's embedding and LM head (its rows at the token map when
+    reduced), ``t2d``/``d2t`` instead of our ``draft_vocab_ids``. ``overrides``: config."""
+    from transformers import Qwen3Config
+
+    c = drafter.config
+    backbone = Qwen3Config(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=False,
+    ).to_diff_dict()  # fmt: skip
+    vocab = drafter.draft_vocab
+    fields = {
+        "block_size": c.block_size, "mask_token_id": c.mask_token_id,
+        "aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],
+        "draft_vocab_size": c.vocab_size if vocab is None else vocab.size,
+        "markov_rank": c.markov_rank, "markov_head_type": c.markov_head_type,
+        "confidence_head_with_markov": c.confidence_head_with_markov,
+    } | overrides  # fmt: skip
+    state = {k: t.detach().clone() for k, t in drafter.state_dict().items()}
+    head = drafter.lm_head.weight.detach()
+    state["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().clone()
+    state["lm_head.weight"] = head.clone()
+    if vocab is not None:
+        del state["draft_vocab_ids"]
+        state["lm_head.weight"] = head[vocab.ids].clone()
+        state["t2d"], state["d2t"] = vocab_maps(vocab.ids, c.vocab_size)
+    return speculators_config(backbone, **fields), state

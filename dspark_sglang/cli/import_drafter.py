@@ -2,7 +2,10 @@
 
 ``--format deepspec`` (``training/deepspec_io.py``): a DeepSpec ``Qwen3DSparkModel``
 folder, checked against ``--target`` and written as our checkpoint, which ``load_drafter``
-and DSPARK_MOE's own draft class read.
+and DSPARK_MOE's own draft class read. ``--format speculators``
+(``training/speculators_io.py``): a vLLM speculators DSpark folder, its layer ids shifted
+and its reduced vocabulary carried; a 1+N checkpoint is refused, and a file without
+``sample_from_anchor`` needs ``--sample-from-anchor``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 
 from dspark_sglang.cli.base import Command
 
-FORMATS = ("deepspec",)
+FORMATS = ("deepspec", "speculators")
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +25,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         choices=FORMATS,
         help="the layout of --from: deepspec (DeepSpec's Qwen3DSparkModel save_pretrained "
-        "folder: config.json with the draft fields at the top level, model.safetensors)",
+        "folder: config.json with the draft fields at the top level, model.safetensors) or "
+        "speculators (vLLM speculators' DSpark: speculators_model_type dspark)",
     )
     p.add_argument("--from", dest="source", required=True, type=Path, help="the drafter folder")
     p.add_argument("--to", required=True, type=Path, help="a new folder to write ours into")
@@ -33,13 +37,30 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(DeepSpec does not record it; its hidden size, vocabulary and depth are checked "
         "against the drafter, and its folder name becomes the drafter's target_name)",
     )
+    p.add_argument(
+        "--sample-from-anchor",
+        choices=("true", "false"),
+        default=None,
+        help="speculators only: the slot layout of a config.json without sample_from_anchor "
+        "(speculators before 2026-07-13, whose DSpark was 1+N); never guessed. true: slot k "
+        "predicts anchor+k+1 (imported); false: 1+N (refused: one slot off)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.training.deepspec_io import import_deepspec
+    from dspark_sglang.training.speculators_io import import_speculators
 
     try:
-        out = import_deepspec(args.source, args.to, target=args.target)
+        if args.format == "speculators":
+            anchor = None if args.sample_from_anchor is None else args.sample_from_anchor == "true"
+            out = import_speculators(
+                args.source, args.to, target=args.target, sample_from_anchor=anchor
+            )
+        elif args.sample_from_anchor is not None:
+            raise ValueError("--sample-from-anchor is for --format speculators only")
+        else:
+            out = import_deepspec(args.source, args.to, target=args.target)
     except (ValueError, FileNotFoundError) as exc:  # CheckpointError is a ValueError
         print(f"import-drafter: error: {exc}", file=sys.stderr)
         return 2
@@ -49,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     name="import-drafter",
-    help="Convert a DeepSpec drafter into ours, checked",
+    help="Convert a DeepSpec or speculators drafter into ours, checked",
     description=(
         "Convert a drafter in another project's layout into ours (checked against its "
         "target). DSPARK_MOE serves a DeepSpec folder as it is; import it to train, "

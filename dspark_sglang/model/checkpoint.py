@@ -110,12 +110,22 @@ def _read_config(folder: Path) -> tuple[DSparkConfig, str | None]:
         raw = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
-    from dspark_sglang.model.formats.layout import IMPORT_COMMAND, is_deepspec_config
+    from dspark_sglang.model.formats.layout import (
+        IMPORT_COMMAND,
+        SPECULATORS_IMPORT_COMMAND,
+        is_deepspec_config,
+        is_speculators_config,
+    )
 
     if is_deepspec_config(raw):
         raise CheckpointError(
             f"{cfg_path}: a DeepSpec-layout drafter, not ours; convert it with `{IMPORT_COMMAND}`"
             " (SGLang's DSPARK_MOE serves it as it is)"
+        )
+    if is_speculators_config(raw):
+        raise CheckpointError(
+            f"{cfg_path}: a vLLM speculators DSpark drafter, not ours; convert it with "
+            f"`{SPECULATORS_IMPORT_COMMAND}`"
         )
     try:
         return DSparkConfig.from_hf_dict(raw), hf_torch_dtype(raw)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from speculators_layout import save_speculators, speculators_config, vocab_maps
+from speculators_layout import from_drafter, save_speculators, speculators_config
 from torch import nn
 
 from dspark_sglang.model import markov_logits
@@ -79,31 +79,7 @@ def write_speculators(
     folder: Path, drafter: DSparkDrafter, edit: Callable[[dict], None] | None = None, **kw: Any
 ) -> Path:
     """``drafter``'s weights as ``DSparkDraftModel.save_pretrained`` would write them."""
-    from transformers import Qwen3Config
-
-    c = drafter.config
-    backbone = Qwen3Config(
-        vocab_size=V, hidden_size=H, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=False,
-    ).to_diff_dict()  # fmt: skip
-    vocab = drafter.draft_vocab
-    fields = dict(block_size=c.block_size, mask_token_id=c.mask_token_id,
-                  aux_hidden_state_layer_ids=[i + 1 for i in c.target_layer_ids],
-                  draft_vocab_size=V if vocab is None else vocab.size, markov_rank=c.markov_rank,
-                  markov_head_type=c.markov_head_type,
-                  confidence_head_with_markov=c.confidence_head_with_markov) | kw  # fmt: skip
-    cfg = speculators_config(backbone, **fields)
-    state = {k: t.detach().clone() for k, t in drafter.state_dict().items()}
-    head = drafter.lm_head.weight.detach()
-    state["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().clone()
-    state["lm_head.weight"] = head.clone()
-    if vocab is not None:
-        del state["draft_vocab_ids"]
-        state["lm_head.weight"] = head[vocab.ids].clone()
-        state["t2d"], state["d2t"] = vocab_maps(vocab.ids, V)
+    cfg, state = from_drafter(drafter, **kw)
     if edit is not None:
         edit({"config": cfg, "tensors": state})
     return save_speculators(folder, cfg, state)
