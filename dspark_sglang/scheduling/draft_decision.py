@@ -61,6 +61,14 @@ OUTCOME_DECAY = 0.9
 """Weight, per drafting round of age, of a round's outcome in ``rho`` (module doc)."""
 
 
+def expected_accepted(confidence: torch.Tensor, drafts: torch.Tensor) -> float:
+    """Drafts the confidences ``[N, B]`` predict accepted when request ``i`` verifies its
+    first ``drafts[i]`` drafts: ``sum_i sum_{k <= drafts_i} A_{i,k}`` (the sum in ``tau``)."""
+    surv = survival(confidence.to(_F64).clamp(0.0, 1.0))
+    kept = torch.arange(surv.shape[1]).unsqueeze(0) < drafts.reshape(-1, 1)
+    return float((surv * kept).sum())
+
+
 @dataclass(frozen=True)
 class StepPrice:
     """What one decision compared: tokens per second of each option (``None``: not priced)."""
@@ -130,10 +138,8 @@ class DraftDecision:
             # Rebuilt only when the cost model changes: its SPS lookups are memoised.
             self._pricer = PrefixScheduler(model, self.max_verify_tokens)
         lens = self._pricer.decide(conf)
-        surv = survival(conf).to(_F64)
-        kept = torch.arange(conf.shape[1]).unsqueeze(0) < lens.unsqueeze(1)
         rho = self.rho
-        tau = n + rho * float((surv * kept).sum())
+        tau = n + rho * expected_accepted(conf, lens)
         tokens = torch.tensor([n + int(lens.sum())])
         draft = tau * float(model.steps_per_sec(n, tokens)[0])
         plain = n / self.plain_seconds(n)

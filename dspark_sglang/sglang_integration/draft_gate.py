@@ -38,8 +38,7 @@ from typing import Any
 
 import torch
 
-from dspark_sglang.scheduling.draft_decision import DraftDecision
-from dspark_sglang.scheduling.policies import survival
+from dspark_sglang.scheduling.draft_decision import DraftDecision, expected_accepted
 from dspark_sglang.sglang_integration import metrics
 
 logger = logging.getLogger(__name__)
@@ -113,10 +112,8 @@ class DraftGate:
             return
         n = min(int(conf.shape[0]), int(verify_lens.numel()), int(accept_lens.numel()))
         drafts = (verify_lens.reshape(-1)[:n].long() - 1).clamp(min=0)
-        surv = survival(conf[:n].float().clamp(0.0, 1.0))
-        kept = torch.arange(surv.shape[1]).unsqueeze(0) < drafts.unsqueeze(1)
         accepted = (accept_lens.reshape(-1)[:n].long() - 1).clamp(min=0)
-        self.decision.observe_outcome(float((surv * kept).sum()), float(accepted.sum()))
+        self.decision.observe_outcome(expected_accepted(conf[:n], drafts), float(accepted.sum()))
 
     def _take_finished_copies(self) -> None:
         while self._pending and self._pending[0][2].query():
