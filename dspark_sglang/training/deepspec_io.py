@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from dspark_sglang.calibration.sts import GREEDY_STS_FILENAME, STS_FILENAME
 
@@ -73,7 +74,6 @@ def import_deepspec(source: Path, dest: Path, *, target: str) -> Path:
     """Write the DeepSpec drafter folder ``source`` in our format into ``dest`` for
     ``target``: its config and tensor header are checked against the target first, the
     result is loaded back with every tensor checked (finite values included)."""
-    from dspark_sglang.model.checkpoint import load_drafter
     from dspark_sglang.model.formats.deepspec import check_checkpoint, import_to_ours
     from dspark_sglang.model.formats.layout import is_deepspec_folder
     from dspark_sglang.training.export import load_target
@@ -86,10 +86,18 @@ def import_deepspec(source: Path, dest: Path, *, target: str) -> Path:
     _fresh(dest, "--to")
     model, spec = load_target(target)
     check_checkpoint(source, model.config.to_dict())
-    out = import_to_ours(source, dest, target_name=spec.name)
+    return loaded_back(import_to_ours(source, dest, target_name=spec.name), model, spec)
+
+
+def loaded_back(out: Path, model: Any, spec: Any) -> Path:
+    """``out``, an imported drafter folder, once it loads with every tensor checked
+    against the target (finite values included); removed if it does not, so nothing
+    half-right stays behind."""
+    from dspark_sglang.model.checkpoint import load_drafter
+
     try:
         load_drafter(out, spec, model.get_input_embeddings(), model.get_output_embeddings())
     except ValueError:
-        shutil.rmtree(out)  # nothing half-right stays behind
+        shutil.rmtree(out)
         raise
     return out

@@ -8,10 +8,9 @@ before anything is written, and the result is read back through the loader that 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from dspark_sglang.training.deepspec_io import _fresh
+from dspark_sglang.training.deepspec_io import _fresh, loaded_back
 
 __all__ = ["import_speculators"]
 
@@ -24,7 +23,7 @@ def import_speculators(
     (never guessed); a 1+N checkpoint is refused by name."""
     import json
 
-    from dspark_sglang.model.checkpoint import CONFIG_FILE, load_drafter
+    from dspark_sglang.model.checkpoint import CONFIG_FILE
     from dspark_sglang.model.formats.layout import is_speculators_config
     from dspark_sglang.model.formats.speculators import import_to_ours
     from dspark_sglang.training.export import load_target
@@ -42,9 +41,4 @@ def import_speculators(
     model, spec = load_target(target)
     out = import_to_ours(source, dest, target_hf_config=model.config.to_dict(),
                          target_name=spec.name, sample_from_anchor=sample_from_anchor)  # fmt: skip
-    try:
-        load_drafter(out, spec, model.get_input_embeddings(), model.get_output_embeddings())
-    except ValueError:
-        shutil.rmtree(out)  # nothing half-right stays behind
-        raise
-    return out
+    return loaded_back(out, model, spec)
