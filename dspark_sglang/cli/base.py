@@ -240,6 +240,36 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
         "--base-values; else the draft is not modelled (0 s), which overstates "
         "speculation where it is a large share of a step (a CPU)",
     )
+    p.add_argument(
+        "--draft-decision",
+        choices=("priced", "always"),
+        default="priced",
+        help="priced (default, what the chart's default tiers run): prefix and lagged draft "
+        "only on steps where a drafting round is priced above a plain decode step, from "
+        "earlier rounds' confidences and outcomes, with probes; a plain step costs the "
+        "table's 1-token-per-request forward and no draft pass. always: every decode step "
+        "drafts (other policies always draft)",
+    )
+    p.add_argument(
+        "--probe-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --draft-decision priced: plain steps in a row before a probe drafts "
+        "(doubled, up to 8x, while probes find no gain; default 8, the chart's)",
+    )
+
+
+def probe_every(args: argparse.Namespace) -> int | None:
+    """``--probe-every`` (only with ``--draft-decision priced``), else None (the default)."""
+    if args.probe_every is None:
+        return None
+    if args.draft_decision != "priced":
+        raise ValueError("--probe-every is read only with --draft-decision priced; drop it")
+    if args.probe_every < 1:
+        got = args.probe_every
+        raise ValueError(f"--probe-every must be >= 1 (plain steps in a row), got {got}")
+    return int(args.probe_every)
 
 
 def resolve_outputs(args: argparse.Namespace, benchmark: str) -> None:

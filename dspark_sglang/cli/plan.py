@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers
+from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers, probe_every
 
 EPILOG = """\
 retune the tiers of a running release (deploy/runbooks/sla-tier-tuning.md):
@@ -213,6 +213,8 @@ def _run(args: argparse.Namespace) -> int:
             prefill=args.prefill,
             seed=args.seed,
             draft_step_seconds=args.draft_step_seconds,
+            draft_decision=args.draft_decision,
+            probe_every=probe_every(args),
         )
         tiers = planner.plan(slas, tier_drafts)
         table = inputs.table

@@ -4,7 +4,10 @@ Runs the step-level serving simulator (``planning/simulator.py``, the real
 scheduling policies) on a cost table and acceptance traces, closed loop at
 ``--concurrency`` levels or open loop at ``--rate`` arrival rates, and prints one
 row per policy and load (``--json`` writes them all). ``--draft-step-seconds`` charges
-the draft pass to every decode step; the output says what draft cost it assumed.
+the draft pass to every decode step that drafts; ``--draft-decision priced`` (the default,
+what the chart's default tiers run) lets ``prefix`` and ``lagged`` leave steps plain where a
+drafting round does not pay. The output says what draft cost it assumed and the share of
+request-steps that drafted.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers
+from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers, probe_every
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,11 +42,15 @@ def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.planning.inputs import load_inputs
     from dspark_sglang.planning.planner import draft_text
     from dspark_sglang.planning.simulator import SimConfig, simulate
+    from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 
     try:
         inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
         specs = [PolicySpec.parse(s) for s in args.policy.split(",") if s.strip()]
         draft = args.draft_step_seconds
+        decision = {"draft_decision": args.draft_decision}
+        if probe_every(args) is not None:
+            decision["probe_every"] = probe_every(args)
         for spec in specs:  # the config's checks (e.g. static k <= block) before any run
             spec.config(inputs.traces.block_size, draft_step_seconds=draft)
         loads: list[SimConfig] = []
@@ -57,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
                         prefill=args.prefill,
                         seed=args.seed,
                         draft_step_seconds=draft or 0.0,
+                        **decision,
                     )
                 )
         else:
@@ -72,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
                         prefill=args.prefill,
                         seed=args.seed,
                         draft_step_seconds=draft or 0.0,
+                        **decision,
                     )
                 )
     except ValueError as exc:
@@ -82,10 +92,16 @@ def _run(args: argparse.Namespace) -> int:
     print(draft_text(draft or None) + ("" if draft else "; give --draft-step-seconds to charge it"))
     print(
         f"{'policy':<14}{'load':>9}{'thr tok/s':>11}{'p50':>9}{'p90':>9}{'verify/req':>11}"
-        f"{'acc len':>9}"
+        f"{'acc len':>9}{'drafted':>9}"
     )
     for spec in specs:
-        for cfg in loads:
+        for load_cfg in loads:
+            # The draft decision prices with a cost table: prefix and lagged only.
+            cfg = (
+                load_cfg
+                if spec.name in NEEDS_COST_TABLE
+                else replace(load_cfg, draft_decision="always")
+            )
             policy = spec.build(table, block_size=traces.block_size, draft_step_seconds=draft)
             res = simulate(traces, table, policy, lengths, cfg, sts=sts)
             results.append({"spec": spec.label, **res.to_dict()})
@@ -93,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
             print(
                 f"{spec.label:<14}{load:>9}{res.throughput:>11.1f}{res.user_tps_p50:>9.1f}"
                 f"{res.user_tps_p90:>9.1f}{res.mean_verify_tokens_per_request:>11.2f}"
-                f"{res.mean_accept_len:>9.2f}"
+                f"{res.mean_accept_len:>9.2f}{res.drafted_share:>9.0%}"
             )
     if args.json:
         from dspark_sglang.planning.frontier import _finite

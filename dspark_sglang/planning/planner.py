@@ -38,6 +38,7 @@ from dspark_sglang.planning.frontier import PolicySpec, default_num_requests
 from dspark_sglang.planning.simulator import SimConfig, SimResult, is_seconds, simulate
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.config import DEFAULT_PROBE_EVERY, NEEDS_COST_TABLE
 from dspark_sglang.scheduling.cost_table import CostModel
 
 __all__ = [
@@ -73,6 +74,10 @@ class PlannedTier:
     result: SimResult
     #: Draft-pass seconds per decode step the prediction assumed (``None``: not modelled).
     draft_step_seconds: float | None = None
+    #: The draft decision the prediction ran (``always``, ``priced``; ``None``: not planned,
+    #: the tier keeps its own) and the probe gap the plan was given (``None``: the default).
+    draft_decision: str | None = None
+    probe_every: int | None = None
 
     def scheduler_values(self) -> dict[str, Any]:
         """The chart's ``slaTiers[].scheduler`` block (camelCase keys).
@@ -92,6 +97,10 @@ class PlannedTier:
         s["maxRunningRequests"] = self.max_running_requests
         if cfg.draft_step_seconds is not None:
             s[DRAFT_STEP_KEY] = cfg.draft_step_seconds
+        if cfg.policy in NEEDS_COST_TABLE and self.draft_decision is not None:
+            s["draftDecision"] = self.draft_decision  # the decision the prediction ran
+            if self.draft_decision == "priced" and self.probe_every is not None:
+                s["probeEvery"] = self.probe_every
         s["greedyOnly"] = False
         return s
 
@@ -124,6 +133,9 @@ class Planner:
         draft_step_seconds: seconds of one draft pass, charged to every decode step
             (``SimConfig.draft_step_seconds``) and added to the table ``prefix``/``lagged``
             decide with; ``None``: not modelled. ``plan`` may give a tier its own.
+        draft_decision, probe_every: the draft decision ``prefix``/``lagged`` tiers run
+            (``SimConfig``; written onto the tiers as ``draftDecision``, and ``probeEvery``
+            when given; ``None``: :data:`DEFAULT_PROBE_EVERY`, the tier's own value kept).
     """
 
     traces: AcceptanceTraces
@@ -137,7 +149,9 @@ class Planner:
     seed: int = 0
     progress: Callable[[str, SimResult], None] | None = None
     draft_step_seconds: float | None = None
-    _cache: dict[tuple[str, int, float | None], SimResult] = field(default_factory=dict, repr=False)
+    draft_decision: str = "always"
+    probe_every: int | None = None
+    _cache: dict[tuple[Any, ...], SimResult] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         d = self.draft_step_seconds
@@ -161,11 +175,16 @@ class Planner:
             cap = min(cap, mbt)
         return max(1, cap)
 
+    def decision_for(self, spec: PolicySpec) -> str:
+        """The draft decision a tier of ``spec`` runs: ``priced`` only where the policy
+        prices with a cost table (``prefix``, ``lagged``)."""
+        return self.draft_decision if spec.name in NEEDS_COST_TABLE else "always"
+
     def run(self, spec: PolicySpec, concurrency: int) -> SimResult:
         """Closed-loop simulation at ``concurrency`` with the tier's verify cap and the
         planner's draft pass (cached)."""
         draft = self.draft_step_seconds
-        key = (spec.label, concurrency, draft)
+        key = (spec.label, concurrency, draft, self.decision_for(spec), self.probe_every)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -175,6 +194,8 @@ class Planner:
             prefill=self.prefill,  # type: ignore[arg-type]
             seed=self.seed,
             draft_step_seconds=draft or 0.0,
+            draft_decision=self.decision_for(spec),  # type: ignore[arg-type]
+            probe_every=self.probe_every or DEFAULT_PROBE_EVERY,
         )
         policy = spec.build(
             self.cost_model,
@@ -235,6 +256,8 @@ class Planner:
                     self.traces.block_size,
                     r,
                     draft_step_seconds=self.draft_step_seconds,
+                    draft_decision=self.decision_for(spec),
+                    probe_every=self.probe_every,
                 )
         if best is None:
             fastest = max(

@@ -44,6 +44,14 @@ Model, per engine step (clock ``t`` in seconds):
    ``draft_step_seconds = d`` decides with (``cost_table.with_fixed_step_cost``); the
    policy's table is for its decisions only, the clock reads ``cost_model`` (the
    target-only profile) and adds ``d`` itself, so nothing is counted twice.
+5. Draft decision (``draft_decision="priced"``, what the chart's default tiers run): before
+   a decode step, the worker's own ``DraftDecision`` (``scheduling/draft_decision.py``)
+   prices a drafting round against a plain step from the confidences and outcomes of the
+   requests' earlier simulated rounds (its probes and their backoff included). A step it
+   leaves plain is a plain decode step: no draft pass, no policy call, each request emits
+   one token and keeps its next trace round for its next drafting step; the step costs
+   ``1 / SPS(N, N)``. A drafting step is step 3-4 above, then its confidences and the drafts
+   it got are the decision's evidence, as the worker hands them over.
 
 Per-user speed is the decode speed ``(output - 1) / (finish - first_token)`` (1 / TPOT,
 as SGLang reports it and the chart's SLA alert judges it). ``user_tps_p90`` is the speed
@@ -59,16 +67,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from dspark_sglang.calibration.sts import StsCalibration, apply_sts
+from dspark_sglang.planning.sim_results import SimDetails, SimResult, summarise
+from dspark_sglang.planning.step_timer import StepTimer
 from dspark_sglang.planning.traces import AcceptanceTraces
 from dspark_sglang.planning.workload import LengthDistribution
+from dspark_sglang.scheduling.config import DEFAULT_PROBE_EVERY
 from dspark_sglang.scheduling.cost_table import CostModel
+from dspark_sglang.scheduling.draft_decision import DraftDecision, expected_accepted
 from dspark_sglang.scheduling.policies import SchedulingPolicy
 
 __all__ = [
@@ -113,8 +125,11 @@ class SimConfig:
         max_steps: safety bound; exceeding it raises (a stuck configuration).
         record_decisions: keep every step's confidences and verify lengths (tests).
         draft_step_seconds: seconds of the draft pass added to every step in which
-            requests decode (see the module docstring); ``0`` = not modelled. The cost
-            model given to ``simulate`` must be the target-only profile.
+            requests decode and draft (see the module docstring); ``0`` = not modelled. The
+            cost model given to ``simulate`` must be the target-only profile.
+        draft_decision: ``"always"`` (every decode step drafts) or ``"priced"`` (the draft
+            decision, module docstring step 5; policies with a cost table only).
+        probe_every: with ``"priced"``: plain steps in a row before a probe drafts.
     """
 
     mode: Literal["closed", "open"] = "closed"
@@ -133,8 +148,20 @@ class SimConfig:
     max_steps: int = 2_000_000
     record_decisions: bool = False
     draft_step_seconds: float = 0.0
+    draft_decision: Literal["always", "priced"] = "always"
+    probe_every: int = DEFAULT_PROBE_EVERY
 
     def __post_init__(self) -> None:
+        if self.draft_decision not in ("always", "priced"):
+            raise ValueError(
+                "SimConfig.draft_decision must be 'always' or 'priced', got "
+                f"{self.draft_decision!r}"
+            )
+        if not _pos_int(self.probe_every):
+            raise ValueError(
+                "SimConfig.probe_every must be an integer >= 1 (plain steps in a row before "
+                f"a probe), got {self.probe_every!r}"
+            )
         d = self.draft_step_seconds
         if not is_seconds(d):
             raise ValueError(
@@ -225,95 +252,6 @@ def is_seconds(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-class StepTimer:
-    """Seconds per engine forward from a cost table, splitting batches above its limit.
-
-    ``time(n, b) = k / SPS(n, M) + 1 / SPS(n, b - k*M)`` with ``k = floor(b / M)`` full
-    forwards of ``M = max_batch_tokens`` (``M`` absent: one forward), memoised.
-    """
-
-    def __init__(self, cost_model: CostModel) -> None:
-        self.cost_model = cost_model
-        mbt = getattr(cost_model, "max_batch_tokens", None)
-        self.max_batch_tokens: int | None = (
-            int(mbt) if isinstance(mbt, int) and not isinstance(mbt, bool) else None
-        )
-        self._cache: dict[tuple[int, int], float] = {}
-
-    def _one(self, num_reqs: int, tokens: int) -> float:
-        sps = self.cost_model.steps_per_sec(num_reqs, torch.tensor([tokens]))
-        return 1.0 / float(torch.as_tensor(sps).reshape(-1)[0])
-
-    def __call__(self, num_reqs: int, batch_tokens: int) -> float:
-        key = (num_reqs, batch_tokens)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        m = self.max_batch_tokens
-        if m is None or batch_tokens <= m:
-            t = self._one(num_reqs, max(1, batch_tokens))
-        else:
-            full, rest = divmod(batch_tokens, m)
-            t = full * self._one(num_reqs, m) + (self._one(num_reqs, rest) if rest else 0.0)
-        if len(self._cache) > 100_000:
-            self._cache.clear()
-        self._cache[key] = t
-        return t
-
-
-@dataclass(frozen=True)
-class SimDetails:
-    """Raw per-step and per-request records of a run (numpy arrays)."""
-
-    step_start: np.ndarray  # float64 [S]: clock at the start of each step
-    step_time: np.ndarray  # float64 [S]
-    step_decoding: np.ndarray  # int64 [S]: requests decoding (N)
-    step_drafts: np.ndarray  # int64 [S]: drafts verified, sum(l)
-    step_prefill_tokens: np.ndarray  # int64 [S]
-    step_emitted: np.ndarray  # int64 [S]: output tokens produced
-    step_round_tokens: np.ndarray  # int64 [S]: sum of accepted + 1 over decode rounds (uncapped)
-    req_spawn: np.ndarray  # float64 [R]: arrival time
-    req_admit: np.ndarray  # float64 [R] (nan: never admitted)
-    req_first_token: np.ndarray  # float64 [R] (nan: none yet)
-    req_finish: np.ndarray  # float64 [R] (nan: unfinished)
-    req_output_len: np.ndarray  # int64 [R]: tokens the request must generate
-    req_emitted: np.ndarray  # int64 [R]: tokens it did generate
-    decisions: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """Summary of one run (all speeds in output tokens per second)."""
-
-    policy: str
-    mode: str
-    concurrency: int | None
-    arrival_rate: float | None
-    max_running_requests: int
-    throughput: float
-    user_tps_p50: float
-    user_tps_p90: float
-    user_tps_mean: float
-    ttft_p50: float
-    mean_decoding: float
-    mean_verify_len: float
-    mean_verify_tokens_per_request: float
-    mean_batch_tokens: float
-    mean_accept_len: float
-    completed: int
-    sim_time: float
-    steps: int
-    #: Seconds of draft pass the clock charged per decode step (0: not modelled).
-    draft_step_seconds: float = 0.0
-    details: SimDetails | None = field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (without the raw ``details``)."""
-        d = asdict(self)
-        d.pop("details", None)
-        return d
-
-
 def _confidences(
     traces: AcceptanceTraces, sts: StsCalibration | Sequence[float] | None
 ) -> torch.Tensor:
@@ -390,11 +328,13 @@ def simulate(
     prompt_left = prompt.copy() if cfg.prefill != "none" else np.zeros(n_req, dtype=np.int64)
 
     policy.reset()
+    gate = _draft_decision(policy, cost_model, cfg, int(conf_all.shape[1]))
     running: list[int] = []  # request ids, admission order
     pending: list[int] = []  # closed loop, "next_step": sent, joining at the next step
     next_req = 0  # next request to spawn / admit
     t = 0.0
     steps: list[tuple[float, float, int, int, int, int, int]] = []
+    drafted_steps: list[bool] = []
     decisions: list[tuple[torch.Tensor, torch.Tensor]] = []
     cap = cfg.cap
 
@@ -461,7 +401,8 @@ def simulate(
         drafts = 0
         emitted_step = 0
         round_tokens = 0
-        if n:
+        drafting = bool(n) and (gate is None or gate.decide([int(r) for r in decode_now]))
+        if drafting:
             ids = np.asarray(decode_now, dtype=np.int64)
             rounds = span_start[trace_req[ids]] + ptr[ids] % span_len[trace_req[ids]]
             conf = conf_all[torch.from_numpy(rounds)]
@@ -470,6 +411,9 @@ def simulate(
                 decisions.append((conf, lens.clone()))
             l = lens.numpy().astype(np.int64)
             accepted = np.minimum(acc_all[rounds], l)
+            if gate is not None:  # the round's evidence, as the worker hands it over
+                gate.observe([int(r) for r in decode_now], conf)
+                gate.observe_outcome(expected_accepted(conf, lens), float(accepted.sum()))
             room = out_len[ids] - emitted_req[ids]
             got = np.minimum(accepted + 1, room)
             emitted_req[ids] += got
@@ -477,10 +421,14 @@ def simulate(
             drafts = int(l.sum())
             emitted_step = int(got.sum())
             round_tokens = int(accepted.sum()) + n
+        elif n:  # a plain decode step: one token each, the next trace round kept
+            emitted_req[np.asarray(decode_now, dtype=np.int64)] += 1
+            emitted_step = round_tokens = n
         num_reqs = n + len(pre_reqs)
         dt = timer(num_reqs, n + drafts + pre_tokens)
-        if n:  # the engine drafts for the decoding requests before the policy decides
+        if drafting:  # the engine drafts for the decoding requests before the policy decides
             dt += cfg.draft_step_seconds
+        drafted_steps.append(drafting)
         steps.append((t, dt, n, drafts, pre_tokens, emitted_step, round_tokens))
         t += dt
 
@@ -516,66 +464,29 @@ def simulate(
         req_output_len=out_len.astype(np.int64),
         req_emitted=emitted_req,
         decisions=decisions,
+        step_drafted=np.asarray(drafted_steps, dtype=bool),
     )
-    return _summarise(policy, cfg, details, acc_all, t)
+    return summarise(policy, cfg, details, acc_all, t)
 
 
-def _summarise(
-    policy: SchedulingPolicy, cfg: SimConfig, d: SimDetails, acc_all: np.ndarray, t_end: float
-) -> SimResult:
-    """Window statistics after the warm-up (see the module docstring)."""
-    n_req = cfg.num_requests
-    warm = int(cfg.warmup_fraction * n_req)
-    finished_times = np.sort(d.req_finish[~np.isnan(d.req_finish)])
-    t0 = float(finished_times[warm - 1]) if warm and finished_times.size >= warm else 0.0
-    if warm and finished_times.size < warm:
+def _draft_decision(
+    policy: SchedulingPolicy, cost_model: CostModel, cfg: SimConfig, block_size: int
+) -> DraftDecision | None:
+    """The worker's draft decision for ``cfg.draft_decision="priced"``, else None: drafting
+    rounds priced with the policy's own cost model (the table plus the draft pass), a plain
+    step with the target-only table the clock reads."""
+    if cfg.draft_decision != "priced":
+        return None
+    model = getattr(policy, "cost_model", None)
+    if model is None:
         raise ValueError(
-            f"only {finished_times.size} requests finished, fewer than the {warm} warm-up "
-            "requests: raise num_requests or lower warmup_fraction"
+            f"SimConfig.draft_decision='priced' prices drafting rounds with the policy's cost "
+            f"table; policy {policy.name!r} has none (use prefix or lagged, or 'always')"
         )
-    in_win = d.step_start >= t0
-    window = t_end - t0
-    if window <= 0 or not in_win.any():
-        raise ValueError(
-            "no simulated time after the warm-up: raise num_requests or lower warmup_fraction"
-        )
-    throughput = float(d.step_emitted[in_win].sum()) / window
-
-    ids = np.arange(n_req)
-    ok = (ids >= warm) & ~np.isnan(d.req_finish) & (d.req_output_len >= 2)
-    tpot = (d.req_finish[ok] - d.req_first_token[ok]) / (d.req_output_len[ok] - 1)
-    speed = 1.0 / np.maximum(tpot, 1e-12)
-    started = (ids >= warm) & ~np.isnan(d.req_first_token)
-    ttft = d.req_first_token[started] - d.req_spawn[started]
-
-    dec = in_win & (d.step_decoding > 0)
-    n_dec = d.step_decoding[dec].astype(np.float64)
-    drafts = d.step_drafts[dec].astype(np.float64)
-    emitted_rounds = d.step_round_tokens[dec].astype(np.float64)
-    has_dec = bool(dec.any())
-    nan = float("nan")
-    return SimResult(
-        policy=policy.name,
-        mode=cfg.mode,
-        concurrency=cfg.concurrency,
-        arrival_rate=cfg.arrival_rate,
-        max_running_requests=cfg.cap,
-        throughput=throughput,
-        user_tps_p50=float(np.percentile(speed, 50)) if speed.size else nan,
-        user_tps_p90=float(np.percentile(speed, 10)) if speed.size else nan,
-        user_tps_mean=float(speed.mean()) if speed.size else nan,
-        ttft_p50=float(np.percentile(ttft, 50)) if ttft.size else nan,
-        mean_decoding=float(n_dec.mean()) if has_dec else 0.0,
-        mean_verify_len=float(drafts.sum() / n_dec.sum()) if has_dec else 0.0,
-        mean_verify_tokens_per_request=float((n_dec + drafts).sum() / n_dec.sum())
-        if has_dec
-        else 0.0,
-        mean_batch_tokens=float((n_dec + drafts).mean()) if has_dec else 0.0,
-        # Tokens per decode round (accepted + 1), before the output-length cap.
-        mean_accept_len=float(emitted_rounds.sum() / n_dec.sum()) if has_dec else nan,
-        completed=int(ok.sum()),
-        sim_time=float(t_end),
-        steps=int(d.step_time.size),
-        draft_step_seconds=cfg.draft_step_seconds,
-        details=d,
+    return DraftDecision(
+        block_size=block_size,
+        probe_every=cfg.probe_every,
+        round_model=lambda: model,
+        plain_table=cost_model,
+        max_verify_tokens=getattr(policy, "max_verify_tokens", None),
     )

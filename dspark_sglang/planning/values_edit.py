@@ -9,10 +9,12 @@ and only the keys the plan decides change.
 
 What a plan may change on its tier: ``minTokensPerSecPerUser``, the scheduler's policy
 keys (``policy``, ``blockSize``, ``lagSteps``/``staticK``, ``maxVerifyTokens``,
-``maxRunningRequests``), the cost table and STS reference, and the replica count when a
-load is given. Everything else (``greedyOnly``, resources, model paths, other tiers)
-stays as it was, except the scheduler keys the planned policy does not read, which the
-chart would refuse: ``draftStepSeconds``, ``draftDecision``, ``probeEvery`` and
+``maxRunningRequests``; for ``prefix``/``lagged`` also ``draftDecision``, the draft
+decision the prediction ran, and ``probeEvery`` when the plan was given one), the cost
+table and STS reference, and the replica count when a load is given. Everything else
+(``greedyOnly``, resources, model paths, other tiers) stays as it was, except the
+scheduler keys the planned policy does not read, which the chart would refuse:
+``draftStepSeconds``, ``draftDecision``, ``probeEvery`` and
 ``copyConfidence`` are dropped when the planned policy is not ``prefix`` or ``lagged``
 (the only ones that read them), ``contextCopyNgram`` on ``none`` and ``raggedMode`` on
 ``verify_all``. ``draftStepSeconds`` is otherwise set to the draft pass the plan assumed
@@ -264,6 +266,8 @@ def _planned_scheduler(old: Mapping[str, Any] | None, planned: Mapping[str, Any]
     if policy == "verify_all":
         out.pop("raggedMode", None)  # verify_all runs SGLang's static mode
     out.update({k: v for k, v in planned.items() if k != "greedyOnly"})
+    if out.get("draftDecision") != "priced":
+        out.pop("probeEvery", None)  # read only with draftDecision: priced
     out.setdefault("greedyOnly", planned.get("greedyOnly", False))
     return out
 
