@@ -47,6 +47,12 @@ Convention check: SGLang's default ``sample_from_anchor=True`` feeds
 ``[anchor, mask x (gamma-1)]`` and reads all ``gamma`` rows, i.e. slot ``k``
 predicts ``p + k + 1`` -- our ``anchor_next`` convention with ``gamma = B``.
 A ``dflash``-convention checkpoint is refused.
+
+Where the parts live: the windowed attention, the dense expert mix and the decoder
+layer (points 1 and 2) are in ``moe_draft_layers``, the reduced-vocabulary Markov head
+(point 3) in ``moe_draft_vocab``; this module holds the class (config, base logits,
+token-map install, strict weight loading), its registration with SGLang and the
+start-up check, and re-exports the layers' and head's public names.
 """
 
 from __future__ import annotations
@@ -56,18 +62,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from sglang.srt.environ import envs
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 from sglang.srt.model_loader.weight_utils import default_weight_loader
-from sglang.srt.models.dflash import DFlashAttention, DFlashDecoderLayer
 from sglang.srt.models.dspark import DSparkDraftModel
-from sglang.srt.models.utils import apply_qk_norm
 
 from dspark_sglang.model.checkpoint import CheckpointError
 from dspark_sglang.model.config import HF_ARCHITECTURE, DSparkConfig
-from dspark_sglang.model.moe import MoEFFN, route
 from dspark_sglang.model.vocab import (
     DRAFT_VOCAB_BUFFER,
     GREEDY_DRAFT_VOCAB_BUFFER,
@@ -79,6 +79,29 @@ from dspark_sglang.model.vocab import (
 )
 from dspark_sglang.sglang_integration import cpu_linear
 from dspark_sglang.sglang_integration.draft_checkpoint import check_against_target, dspark_config_of
+from dspark_sglang.sglang_integration.moe_draft_layers import (
+    DSparkInferenceMoE,
+    DSparkMoEDecoderLayer,
+    DSparkWindowedAttention,
+    dense_expert_mix,
+    windowed_block_attention,
+)
+from dspark_sglang.sglang_integration.moe_draft_vocab import DraftVocabBias, draft_vocab_head
+
+__all__ = [
+    "ARCHITECTURE",
+    "OFF_MAP_LOGIT",
+    "DSparkInferenceMoE",
+    "DSparkMoEDecoderLayer",
+    "DSparkMoEDraftModel",
+    "DSparkWindowedAttention",
+    "DraftVocabBias",
+    "EntryClass",
+    "check_loaded_draft",
+    "dense_expert_mix",
+    "register_model_class",
+    "windowed_block_attention",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,239 +131,6 @@ def _sglang_fields(config: DSparkConfig) -> dict[str, Any]:
         # Windowing is ours (see the module docstring); SGLang's layers stay full.
         "layer_types": None,
     }
-
-
-# --------------------------------------------------------------------------- attention
-
-
-def windowed_block_attention(
-    q: torch.Tensor,
-    k_block: torch.Tensor,
-    v_block: torch.Tensor,
-    *,
-    key_buffer: torch.Tensor,
-    value_buffer: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    window: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scaling: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:
-    """Anchor-relative sliding-window attention of ``bs`` uniform blocks.
-
-    Request ``b`` owns query rows ``b*Q .. b*Q+Q-1`` (``q`` ``[bs*Q, H*D]``,
-    already normed and rotated); its anchor sits at position ``p_b =
-    prefix_lens[b]``. Keys: the context rows of positions ``p_b - W .. p_b - 1``
-    (those ``>= 0``) read from the pool via ``req_to_token`` (stored normed and
-    rotated by context injection), then the block's own ``k_block``/``v_block``.
-
-    Invariant: every query of block ``b`` attends exactly to
-    ``{t : max(0, p_b - W) <= t < p_b} U block_b`` -- ``attention.py``'s mask.
-    """
-    bs = prefix_lens.shape[0]
-    q_len = q.shape[0] // bs
-    device = q.device
-    offsets = torch.arange(window, device=device)
-    ctx_pos = prefix_lens.long()[:, None] - window + offsets  # [bs, W]
-    valid = ctx_pos >= 0
-    locs = req_to_token[req_pool_indices.long()[:, None], ctx_pos.clamp(min=0)].long()
-    k_ctx = key_buffer[locs].to(q.dtype).view(bs, window, num_kv_heads, head_dim)
-    v_ctx = value_buffer[locs].to(q.dtype).view(bs, window, num_kv_heads, head_dim)
-    if k_scale != 1.0:
-        k_ctx = k_ctx * k_scale
-    if v_scale != 1.0:
-        v_ctx = v_ctx * v_scale
-    k_all = torch.cat([k_ctx, k_block.view(bs, q_len, num_kv_heads, head_dim)], dim=1)
-    v_all = torch.cat([v_ctx, v_block.view(bs, q_len, num_kv_heads, head_dim)], dim=1)
-    mask = torch.cat([valid, valid.new_ones(bs, q_len)], dim=1)  # [bs, W + Q]
-    qh = q.view(bs, q_len, num_heads, head_dim).transpose(1, 2)
-    kh, vh = k_all.transpose(1, 2), v_all.transpose(1, 2)
-    groups = num_heads // num_kv_heads
-    if groups > 1:
-        # GQA by a static expand (query head h reads kv head h // groups).
-        kv_len = kh.shape[2]
-        kh = kh[:, :, None].expand(bs, num_kv_heads, groups, kv_len, head_dim)
-        vh = vh[:, :, None].expand(bs, num_kv_heads, groups, kv_len, head_dim)
-        kh = kh.reshape(bs, num_heads, kv_len, head_dim)
-        vh = vh.reshape(bs, num_heads, kv_len, head_dim)
-    out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scaling
-    )
-    return out.transpose(1, 2).reshape(bs * q_len, num_heads * head_dim)
-
-
-class DSparkWindowedAttention(DFlashAttention):
-    """SGLang's draft attention with our anchor-relative window (when the drafter has one)."""
-
-    dspark_window: int | None = None
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
-    ) -> torch.Tensor:
-        if self.dspark_window is None or hidden_states.shape[0] == 0:
-            return super().forward(positions, hidden_states, forward_batch)
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = apply_qk_norm(q, k, self.q_norm, self.k_norm, self.head_dim, allow_inplace=False)
-        q, k = self.rotary_emb(positions, q, k)
-        pool = get_token_to_kv_pool()
-        layer_id = self.attn.layer_id
-        out = windowed_block_attention(
-            q,
-            k,
-            v,
-            key_buffer=pool.get_key_buffer(layer_id),
-            value_buffer=pool.get_value_buffer(layer_id),
-            req_to_token=get_req_to_token_pool().req_to_token,
-            req_pool_indices=forward_batch.req_pool_indices,
-            prefix_lens=forward_batch.seq_lens,
-            window=self.dspark_window,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            scaling=self.scaling,
-            k_scale=float(self.attn.k_scale_float or 1.0),
-            v_scale=float(self.attn.v_scale_float or 1.0),
-        )
-        output, _ = self.o_proj(out)
-        return output
-
-
-def dense_expert_mix(
-    x: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    experts: torch.Tensor,
-    weights: torch.Tensor,
-) -> torch.Tensor:
-    """``sum_{e in S_t} g_{t,e} SwiGLU_e(x_t)`` with static shapes and no host sync.
-
-    Why dense: ``ExpertBank.forward`` groups tokens per expert with
-    ``bincount(...).tolist()`` -- a device-to-host sync and data-dependent
-    shapes, which stall the GPU every step and cannot be captured in a CUDA
-    graph. The drafter is small (few experts, ``bs * gamma`` tokens), so every
-    expert runs on every token (``E / k`` times the routed FLOPs, weights read
-    once, as in the grouped form) and the outputs are combined with the routing
-    weights scattered into a ``[T, E]`` matrix.
-
-    Invariant: equals ``ExpertBank.forward(x, experts, weights)`` -- an expert
-    outside a token's top-k contributes exactly nothing (selected by mask, not
-    multiplied by 0, so a non-finite output of an unselected expert cannot leak).
-    ``x`` ``[T, H]``; ``gate_up_proj`` ``[E, 2I, H]``; ``down_proj`` ``[E, H, I]``;
-    ``experts``/``weights`` ``[T, k]``.
-    """
-    num_tokens, num_experts = x.shape[0], gate_up_proj.shape[0]
-    inter = down_proj.shape[-1]
-    combine = x.new_zeros(num_tokens, num_experts).scatter(1, experts, weights.to(x.dtype))
-    chosen = torch.zeros(num_tokens, num_experts, dtype=torch.bool, device=x.device).scatter(
-        1, experts, True
-    )
-    h = torch.matmul(x, gate_up_proj.transpose(1, 2))  # [E, T, 2I]
-    act = F.silu(h[..., :inter]) * h[..., inter:]
-    y = torch.matmul(act, down_proj.transpose(1, 2))  # [E, T, H]
-    y = torch.where(chosen.t()[..., None], y * combine.t()[..., None], 0.0)
-    return y.sum(0)
-
-
-class DSparkInferenceMoE(MoEFFN):
-    """``model/moe.py``'s MoE FFN returning only ``y`` (SGLang's MLP interface).
-
-    Same parameters, routing (``route``: softmax, top-k, renormalised) and
-    shared expert as training; the routed experts go through
-    :func:`dense_expert_mix` so the forward is graph-capturable.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        shape = x.shape
-        tokens = x.reshape(-1, shape[-1])
-        weights, experts, _ = route(self.gate(tokens), self.top_k)
-        bank = self.experts
-        y = dense_expert_mix(tokens, bank.gate_up_proj, bank.down_proj, experts, weights)
-        if self.shared_expert is not None:
-            y = y + self.shared_expert(tokens)
-        return y.reshape(shape)
-
-
-class DSparkMoEDecoderLayer(DFlashDecoderLayer):
-    attention_cls = DSparkWindowedAttention
-
-
-# --------------------------------------------------------------------------- draft vocabulary
-
-
-class DraftVocabBias:
-    """Mixin over SGLang's Markov heads: ``W2`` has ``K`` rows; ``project_bias`` scatters.
-
-    Every SGLang head (vanilla, gated, RNN) computes its bias as ``project_bias(latent)``,
-    so this one override covers all three; the fused greedy kernel is skipped (SGLang
-    uses it only when ``project_bias`` is its own), and the step loop runs unchanged.
-    """
-
-    draft_vocab_ids: torch.Tensor
-    vocab_size: int
-    markov_w2: torch.nn.Linear
-
-    def _use_draft_vocab(self, draft_vocab_size: int) -> None:
-        rank = self.markov_w2.in_features
-        self.markov_w2 = torch.nn.Linear(rank, draft_vocab_size, bias=False)
-        self.register_buffer(  # type: ignore[attr-defined]
-            DRAFT_VOCAB_BUFFER,
-            torch.zeros(draft_vocab_size, dtype=torch.int64),
-            persistent=False,
-        )
-
-    #: Set only inside :meth:`reduced_step_bias`: ``project_bias`` then returns the ``K``
-    #: mapped columns instead of scattering them into ``V``.
-    _dspark_reduced = False
-
-    def project_bias(self, latent_states: torch.Tensor) -> torch.Tensor:
-        reduced = self.markov_w2(latent_states)
-        if self._dspark_reduced:
-            return reduced
-        return scatter_to_vocab(reduced, self.draft_vocab_ids, self.vocab_size, 0.0)
-
-    def reduced_step_bias(
-        self,
-        prev_tokens: torch.Tensor,
-        *,
-        hidden_states: torch.Tensor | None,
-        state: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """SGLang's ``step_bias`` with the bias in the map's ``K`` columns (``[N, K]``).
-
-        Every SGLang head (vanilla, gated, RNN) ends its step in ``project_bias``, so the
-        head's own step runs unchanged and only the final scatter is left out.
-        """
-        self._dspark_reduced = True
-        try:
-            return self.step_bias(prev_tokens, hidden_states=hidden_states, state=state)  # type: ignore[attr-defined]
-        finally:
-            self._dspark_reduced = False
-
-    def configure_tp_shard(self, *, lm_head: Any, prefer_nvlink: bool) -> None:
-        del lm_head, prefer_nvlink
-        raise CheckpointError(
-            "a drafter with a reduced vocabulary (draft_vocab_size, or a greedy map under "
-            "SGLANG_DSPARK_USE_GREEDY_DRAFT=1) has a K-row markov_w2 that cannot be sharded "
-            "by the target's vocabulary; unset SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD"
-        )
-
-
-def _draft_vocab_head(head: Any, draft_vocab_size: int, hidden_size: int) -> Any:
-    """The same kind of SGLang Markov head with ``DraftVocabBias`` mixed in."""
-    base = type(head)
-    cls = type(f"DraftVocab{base.__name__}", (DraftVocabBias, base), {})
-    kwargs: dict[str, Any] = {"vocab_size": head.vocab_size, "markov_rank": head.markov_rank}
-    if hasattr(head, "gate_proj") or hasattr(head, "joint_proj"):
-        kwargs["hidden_size"] = hidden_size
-    out = cls(**kwargs)
-    out._use_draft_vocab(draft_vocab_size)
-    return out
 
 
 # --------------------------------------------------------------------------- model
@@ -395,7 +185,7 @@ class DSparkMoEDraftModel(DSparkDraftModel):
             else dspark.draft_vocab_size
         )
         if self.dspark_draft_vocab_size is not None:
-            self.markov_head = _draft_vocab_head(
+            self.markov_head = draft_vocab_head(
                 self.markov_head, self.dspark_draft_vocab_size, dspark.hidden_size
             )
             in_map = torch.zeros(dspark.vocab_size, dtype=torch.bool)
