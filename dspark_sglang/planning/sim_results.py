@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from dspark_sglang.planning.simulator import SimConfig
     from dspark_sglang.scheduling.policies import SchedulingPolicy
 
 __all__ = ["SimDetails", "SimResult", "summarise"]
@@ -74,9 +73,10 @@ class SimResult:
 
 
 def summarise(
-    policy: SchedulingPolicy, cfg: SimConfig, d: SimDetails, acc_all: np.ndarray, t_end: float
+    policy: SchedulingPolicy, cfg: Any, d: SimDetails, acc_all: np.ndarray, t_end: float
 ) -> SimResult:
-    """Window statistics after the warm-up (see the module docstring)."""
+    """Window statistics after the warm-up (``simulator``'s module docstring) of a run
+    under ``cfg``, the ``simulator.SimConfig`` it ran."""
     n_req = cfg.num_requests
     warm = int(cfg.warmup_fraction * n_req)
     finished_times = np.sort(d.req_finish[~np.isnan(d.req_finish)])
