@@ -17,7 +17,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["deepspec_draft_config", "deepspec_shapes", "save_deepspec"]
+__all__ = [
+    "deepspec_draft_config",
+    "deepspec_shapes",
+    "save_deepspec",
+    "seeded_dense_drafter",
+    "write_deepspec_like",
+]
 
 
 def deepspec_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -83,3 +89,57 @@ def save_deepspec(folder: Path, cfg: dict[str, Any], tensors: dict[str, torch.Te
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+def seeded_dense_drafter(target: Any, block_size: int) -> Any:
+    """A seeded dense DSpark drafter for ``target`` (an ``HFTarget``), residual branches
+    scaled down 100x so slot 0 mostly proposes "the anchor again", its confidence head
+    leaning confident (bias 3) so ``prefix`` verifies drafts (no trained dense drafter exists;
+    the embedded one is MoE, which DeepSpec cannot express)."""
+    from dspark_sglang.model import DSparkConfig, DSparkDrafter
+
+    config = DSparkConfig.for_target(
+        target.spec,
+        mask_token_id=target.default_mask_token_id(),
+        ffn_type="dense",
+        sliding_window=None,
+        qk_norm=True,
+        num_hidden_layers=1,
+        block_size=block_size,
+        markov_rank=32,
+        markov_head_type="vanilla",
+    )
+    torch.manual_seed(0)
+    model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.01)
+            layer.mlp.down_proj.weight.mul_(0.01)
+        model.confidence_head.proj.weight.mul_(0.01)
+        model.confidence_head.proj.bias.fill_(3.0)
+    return model
+
+
+def write_deepspec_like(drafter: Any, target: Any, target_config: Path, folder: Path) -> Path:
+    """``drafter``'s weights in DeepSpec's layout as spelled out here (the target's
+    ``config.json`` under ``build_draft_config``, then its embedding and LM head)."""
+    c = drafter.config
+    cfg = deepspec_draft_config(
+        json.loads(target_config.read_text()),
+        num_hidden_layers=c.num_hidden_layers,
+        block_size=c.block_size,
+        target_layer_ids=list(c.target_layer_ids),
+        mask_token_id=c.mask_token_id,
+        markov_rank=c.markov_rank,
+        markov_head_type=c.markov_head_type,
+        confidence_head_with_markov=c.confidence_head_with_markov,
+    )
+    state = drafter.state_dict()
+    shared = {"embed_tokens.weight": target.embed_tokens.weight,
+              "lm_head.weight": target.lm_head.weight}  # fmt: skip
+    tensors = {
+        name: (shared[name] if name in shared else state[name]).detach().clone().contiguous()
+        for name in deepspec_shapes(cfg)
+    }
+    assert {k: tuple(t.shape) for k, t in tensors.items()} == deepspec_shapes(cfg)
+    return save_deepspec(folder, cfg, tensors)

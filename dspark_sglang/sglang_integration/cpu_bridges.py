@@ -27,6 +27,11 @@ SGLang unchanged. Each one closes one gap recorded in ``docs/sglang_integration.
    kernel recomputes the GPU's Philox words in int64 tensor arithmetic for the whole
    vocabulary at every draft step; on CPU they come from torch's generator instead
    (``cpu_draft_noise``; same law, not the GPU's bits).
+8. SGLang's dense DSpark draft (``models/dspark.py``, the class DeepSpec checkpoints
+   load into) writes its context K/V with a fused Triton kernel when its weights are
+   bfloat16; Triton has no CPU driver, so a bfloat16 server died at its first prefill.
+   On CPU no fused bundle is built and the draft takes its own unfused write (the same
+   projection, norm and RoPE, layer by layer).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ logger = logging.getLogger(__name__)
 BRIDGE_SOURCE = "dspark_sglang.cpu_bridges"
 HANDLE_DSPARK = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
 RECORD_STREAM = "torch.Tensor.record_stream"
+FUSED_KV_WRITE = "sglang.srt.models.dspark.DSparkDraftMixin._build_fused_kv_write_bundle"
 AMX_EXTEND_METADATA = (
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend._build_extend_metadata"
 )
@@ -121,6 +127,14 @@ def amx_extend_metadata_for_chain_verify(
     return seq_lens, verify_lens, extend_start_loc, None
 
 
+def no_fused_kv_write_on_cpu(original: Callable[..., Any], model: Any, pool: Any) -> Any:
+    """No fused (Triton) context-K/V write bundle for a draft whose weights are on CPU."""
+    weight = next(model.parameters(), None)
+    if weight is not None and weight.device.type == "cpu":
+        return None
+    return original(model, pool)
+
+
 def add_intel_amx_draft_backend() -> None:
     """Let the draft worker use ``intel_amx`` (SGLang's list omits it)."""
     from sglang.srt.arg_groups import choices
@@ -145,5 +159,6 @@ def install() -> bool:
     )
     HookRegistry.register(CHAIN_SAMPLING, chain_sampling_cpu_tolerant, HookType.AROUND)
     HookRegistry.register(DRAFT_NOISE, cpu_random_words, HookType.AROUND)
+    HookRegistry.register(FUSED_KV_WRITE, no_fused_kv_write_on_cpu, HookType.AROUND)
     logger.info("dspark_sglang: CPU bridges registered")
     return True

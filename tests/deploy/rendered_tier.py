@@ -284,9 +284,15 @@ def _set_flag(args: list[str], flag: str, value: str) -> None:
 
 
 def cpu_launch(
-    server: RenderedServer, root: Path, target: Path, python: str, port: int | None = None
+    server: RenderedServer,
+    root: Path,
+    target: Path,
+    python: str,
+    port: int | None = None,
+    drafter: Path | None = None,
 ) -> CpuLaunch:
-    """Apply the CPU overlay (module doc) to ``server``; writes its files under ``root``."""
+    """Apply the CPU overlay (module doc) to ``server``; writes its files under ``root``.
+    ``drafter``: the folder the drafter path mounts (default :func:`drafter_for`)."""
     # One pass, longest mount first, so a rewritten path is never rewritten again.
     mounts = sorted(server.mount_paths, key=len, reverse=True)
     under_mount = re.compile(
@@ -309,7 +315,7 @@ def cpu_launch(
         )
     env = {k: local(v) for k, v in pod_env.items()}
     args = [local(expand_k8s_vars(a, pod_env)) for a in server.args]
-    drafter = drafter_for(server.block_size, target, root.parent)
+    drafter = drafter or drafter_for(server.block_size, target, root.parent)
     weights = {"--model-path": target, "--speculative-draft-model-path": drafter}
     for flag, real in weights.items():
         path = server.arg(flag)

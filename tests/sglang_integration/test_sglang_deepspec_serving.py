@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from deepspec_layout import deepspec_draft_config, deepspec_shapes, save_deepspec
+from deepspec_layout import deepspec_shapes, seeded_dense_drafter, write_deepspec_like
 
-from dspark_sglang.model import DSparkConfig, DSparkDrafter, save_drafter
+from dspark_sglang.model import DSparkDrafter, save_drafter
 from dspark_sglang.model.formats.deepspec import (
     DeepSpecConfig,
     expected_tensors,
@@ -70,26 +69,7 @@ def target(smollm2_path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def drafter(target: Any) -> DSparkDrafter:
-    config = DSparkConfig.for_target(
-        target.spec,
-        mask_token_id=target.default_mask_token_id(),
-        ffn_type="dense",
-        sliding_window=None,
-        qk_norm=True,
-        num_hidden_layers=1,
-        block_size=BLOCK,
-        markov_rank=32,
-        markov_head_type="vanilla",
-    )
-    torch.manual_seed(0)
-    model = DSparkDrafter(config, target.embed_tokens, target.lm_head).eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.01)
-            layer.mlp.down_proj.weight.mul_(0.01)
-        model.confidence_head.proj.weight.mul_(0.01)
-        model.confidence_head.proj.bias.fill_(3.0)
-    return model
+    return seeded_dense_drafter(target, BLOCK)
 
 
 @pytest.fixture(scope="module")
@@ -100,29 +80,12 @@ def folders(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("deepspec_serving")
-    c = drafter.config
-    cfg = deepspec_draft_config(
-        json.loads((smollm2_path / "config.json").read_text()),
-        num_hidden_layers=c.num_hidden_layers,
-        block_size=c.block_size,
-        target_layer_ids=list(c.target_layer_ids),
-        mask_token_id=c.mask_token_id,
-        markov_rank=c.markov_rank,
-        markov_head_type=c.markov_head_type,
-        confidence_head_with_markov=c.confidence_head_with_markov,
-    )
-    state = drafter.state_dict()
-    shared = {"embed_tokens.weight": target.embed_tokens.weight,
-              "lm_head.weight": target.lm_head.weight}  # fmt: skip
-    tensors = {
-        name: (shared[name] if name in shared else state[name]).detach().clone().contiguous()
-        for name in deepspec_shapes(cfg)
-    }
-    assert {k: tuple(t.shape) for k, t in tensors.items()} == deepspec_shapes(cfg)
+    deepspec = write_deepspec_like(drafter, target, smollm2_path / "config.json", tmp / "deepspec")
+    cfg = json.loads((deepspec / "config.json").read_text())
     assert expected_tensors(DeepSpecConfig.from_hf_dict(cfg)) == deepspec_shapes(cfg)
     ours = save_drafter(drafter, tmp / "ours")
     return {
-        "deepspec": save_deepspec(tmp / "deepspec", cfg, tensors),
+        "deepspec": deepspec,
         "ours": ours,
         "export": export_from_ours(
             ours,

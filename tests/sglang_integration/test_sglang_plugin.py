@@ -32,6 +32,7 @@ def test_load_registers_cpu_bridges_and_has_amx() -> None:
         cpu_bridges.HANDLE_DSPARK,
         cpu_bridges.RECORD_STREAM,
         cpu_bridges.AMX_EXTEND_METADATA,
+        cpu_bridges.FUSED_KV_WRITE,
     ):
         assert any(
             h is not None and h.__module__ == cpu_bridges.__name__
