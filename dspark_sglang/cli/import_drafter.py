@@ -70,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     name="import-drafter",
-    help="Convert a DeepSpec or speculators drafter into ours, checked",
+    help="Convert a DeepSpec or speculators drafter to ours",
     description=(
         "Convert a drafter in another project's layout into ours (checked against its "
         "target). DSPARK_MOE serves a DeepSpec folder as it is; import it to train, "
