@@ -42,15 +42,15 @@ def _run(args: argparse.Namespace) -> int:
     from dspark_sglang.planning.inputs import load_inputs
     from dspark_sglang.planning.planner import draft_text
     from dspark_sglang.planning.simulator import SimConfig, simulate
-    from dspark_sglang.scheduling.config import NEEDS_COST_TABLE
 
     try:
         inputs = load_inputs(args.profile, args.traces, args.sts, args.lengths, args.seed)
         specs = [PolicySpec.parse(s) for s in args.policy.split(",") if s.strip()]
         draft = args.draft_step_seconds
         decision = {"draft_decision": args.draft_decision}
-        if probe_every(args) is not None:
-            decision["probe_every"] = probe_every(args)
+        probe = probe_every(args)
+        if probe is not None:
+            decision["probe_every"] = probe
         for spec in specs:  # the config's checks (e.g. static k <= block) before any run
             spec.config(inputs.traces.block_size, draft_step_seconds=draft)
         loads: list[SimConfig] = []
@@ -96,12 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     for spec in specs:
         for load_cfg in loads:
-            # The draft decision prices with a cost table: prefix and lagged only.
-            cfg = (
-                load_cfg
-                if spec.name in NEEDS_COST_TABLE
-                else replace(load_cfg, draft_decision="always")
-            )
+            cfg = replace(load_cfg, draft_decision=spec.draft_decision(load_cfg.draft_decision))
             policy = spec.build(table, block_size=traces.block_size, draft_step_seconds=draft)
             res = simulate(traces, table, policy, lengths, cfg, sts=sts)
             results.append({"spec": spec.label, **res.to_dict()})

@@ -104,6 +104,12 @@ class PolicySpec:
     def lag(self) -> int:
         return self.option if self.name == "lagged" and self.option is not None else 2
 
+    def draft_decision(self, requested: str) -> str:
+        """The draft decision a run of this spec takes when ``requested`` is asked for:
+        ``requested`` where the policy prices with a cost table (``prefix``, ``lagged``),
+        ``always`` for the others (they have no table to price a drafting round with)."""
+        return requested if self.name in NEEDS_COST_TABLE else "always"
+
     def config(
         self,
         block_size: int,

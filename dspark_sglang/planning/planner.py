@@ -175,16 +175,12 @@ class Planner:
             cap = min(cap, mbt)
         return max(1, cap)
 
-    def decision_for(self, spec: PolicySpec) -> str:
-        """The draft decision a tier of ``spec`` runs: ``priced`` only where the policy
-        prices with a cost table (``prefix``, ``lagged``)."""
-        return self.draft_decision if spec.name in NEEDS_COST_TABLE else "always"
-
     def run(self, spec: PolicySpec, concurrency: int) -> SimResult:
         """Closed-loop simulation at ``concurrency`` with the tier's verify cap and the
         planner's draft pass (cached)."""
         draft = self.draft_step_seconds
-        key = (spec.label, concurrency, draft, self.decision_for(spec), self.probe_every)
+        decision = spec.draft_decision(self.draft_decision)
+        key = (spec.label, concurrency, draft, decision, self.probe_every)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -194,7 +190,7 @@ class Planner:
             prefill=self.prefill,  # type: ignore[arg-type]
             seed=self.seed,
             draft_step_seconds=draft or 0.0,
-            draft_decision=self.decision_for(spec),  # type: ignore[arg-type]
+            draft_decision=decision,  # type: ignore[arg-type]
             probe_every=self.probe_every or DEFAULT_PROBE_EVERY,
         )
         policy = spec.build(
@@ -256,7 +252,7 @@ class Planner:
                     self.traces.block_size,
                     r,
                     draft_step_seconds=self.draft_step_seconds,
-                    draft_decision=self.decision_for(spec),
+                    draft_decision=spec.draft_decision(self.draft_decision),
                     probe_every=self.probe_every,
                 )
         if best is None:

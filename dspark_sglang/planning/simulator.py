@@ -401,7 +401,8 @@ def simulate(
         drafts = 0
         emitted_step = 0
         round_tokens = 0
-        drafting = bool(n) and (gate is None or gate.decide([int(r) for r in decode_now]))
+        keys = [int(r) for r in decode_now] if gate is not None else []
+        drafting = bool(n) and (gate is None or gate.decide(keys))
         if drafting:
             ids = np.asarray(decode_now, dtype=np.int64)
             rounds = span_start[trace_req[ids]] + ptr[ids] % span_len[trace_req[ids]]
@@ -412,7 +413,7 @@ def simulate(
             l = lens.numpy().astype(np.int64)
             accepted = np.minimum(acc_all[rounds], l)
             if gate is not None:  # the round's evidence, as the worker hands it over
-                gate.observe([int(r) for r in decode_now], conf)
+                gate.observe(keys, conf)
                 gate.observe_outcome(expected_accepted(conf, lens), float(accepted.sum()))
             room = out_len[ids] - emitted_req[ids]
             got = np.minimum(accepted + 1, room)

@@ -81,3 +81,14 @@ def test_the_draft_pass_reaches_only_the_policies_that_read_a_table(table) -> No
         assert spec.build(table, block_size=4).cost_model is table
     for spec in (PolicySpec("mtp1"), PolicySpec("static", 2), PolicySpec("none")):
         assert spec.config(4, draft_step_seconds=0.004).draft_step_seconds is None
+
+
+def test_the_draft_decision_is_priced_only_for_the_policies_that_read_a_table() -> None:
+    """The planner and ``simulate`` take a spec's draft decision from one rule: the
+    requested one for ``prefix``/``lagged``, ``always`` for the others (no table)."""
+    for spec in (PolicySpec("prefix"), PolicySpec("lagged"), PolicySpec("lagged", 3)):
+        assert spec.draft_decision("priced") == "priced"
+        assert spec.draft_decision("always") == "always"
+    for spec in (PolicySpec("mtp1"), PolicySpec("static", 2), PolicySpec("none")):
+        assert spec.draft_decision("priced") == "always"
+        assert spec.draft_decision("always") == "always"
