@@ -91,6 +91,7 @@ class DSparkMoeSpecAlgo(CustomSpecAlgo):
         )
         SpeculativeAlgorithm.DSPARK.handle_server_args(server_args)
         _in_step_on_cpu(server_args, device)
+        _admit_as_slots_free(server_args)
 
     def __getattr__(self, name: str) -> Any:
         # Anything SGLang adds to the enum interface later falls back to DSPARK.
@@ -117,6 +118,24 @@ def _in_step_on_cpu(server_args: Any, device: str) -> None:
         return
     declare_resolution(server_args, "dspark_moe_cpu_in_step", disable_overlap_schedule=True)
     logger.info("DSPARK_MOE: SGLang's overlap scheduler is off on CPU (faster there)")
+
+
+def _admit_as_slots_free(server_args: Any) -> None:
+    """A waiting request is admitted as soon as a running slot frees, as for plain decoding.
+
+    Left unset, SGLang's ``--min-free-slots-delay`` holds new prefills of its DFlash family
+    (DSPARK, so DSPARK_MOE too) until 2-4 slots are free, to batch DFlash's costly draft
+    prefills. A DSPARK_MOE server at its ``--max-running-requests`` then decodes 2-3
+    requests short of its cap most of the time, which costs more throughput than batching
+    the prefills saves. An explicit ``--min-free-slots-delay N`` is kept.
+    """
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    cfg = resolving_view(server_args)
+    if cfg.min_free_slots_delay is not None or int(cfg.pp_size or 1) > 1:
+        return
+    # 1 is SGLang's "off" (a threshold <= 1 disables the delayer).
+    declare_resolution(server_args, "dspark_moe_admit_as_slots_free", min_free_slots_delay=1)
 
 
 def _delegate(name: str) -> Callable[..., Any]:
