@@ -42,6 +42,8 @@ class DSparkMoeWorker(DSparkWorkerV2):
     * Faults: the proposer's ``propose`` is wrapped (``fallback.GuardedPropose``)
       so a drafter error turns that step, and non-finite output the affected
       rows (on the device), into plain decoding instead of failing the batch.
+    * Greedy batches: on a CPU worker that samples its drafts, a drafting step whose
+      requests are all greedy takes SGLang's argmax draft path (``greedy_batch``).
     * Round cost: on a CPU worker whose config leaves ``draft_step_seconds`` unset,
       each decode round and the target's verify in it are timed per shape (requests x
       verify tokens) and the policy prices rounds from those timings
@@ -95,6 +97,10 @@ class DSparkMoeWorker(DSparkWorkerV2):
             metrics.ensure_created()
             self._dspark_metrics = metrics.StepMetrics(int(self.gamma), self.device)
         if getattr(self, "_proposer", None) is not None:
+            from dspark_sglang.sglang_integration import greedy_batch
+
+            # An all-greedy batch drafts by argmax on a CPU worker that samples its drafts.
+            self._dspark_argmax = greedy_batch.install(self)
             # An instance attribute on our worker's own proposer: SGLang's class is untouched.
             # Kept on the worker too: a profiling wrapper may later replace ``propose``,
             # and context copies must still reach the guard (``_fault_guard``).
