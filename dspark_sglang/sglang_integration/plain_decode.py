@@ -92,7 +92,6 @@ class PlainDecodeStep:
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
-        self.steps = 0
 
     def __call__(self, batch: Any, on_publish: Any) -> Any:
         """One plain decode step of ``batch`` (module doc, steps 1-5)."""
@@ -103,7 +102,6 @@ class PlainDecodeStep:
         from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
         worker = self.worker
-        self.steps += 1
         bs = len(batch.seq_lens)
         prefix_lens = batch.seq_lens
         stride = int(worker.verify_num_draft_tokens)
@@ -141,7 +139,7 @@ class PlainDecodeStep:
             logits_output=logits_output,
             next_token_ids=accept.out_tokens.reshape(-1),
             accept_lens=accept.commit_lens,
-            block_accept_lens=accept.commit_lens + accept.cap_trim_lens,
+            block_accept_lens=worker._block_accept_lens(accept=accept, folded_accept=False, bs=bs),
             cap_lens=torch.ones(bs, dtype=torch.int32, device=prefix_lens.device),
             can_run_cuda_graph=False,
             next_draft_input=make_next_draft_input(
