@@ -24,19 +24,40 @@ outcome, non-anticipating) keeps the labels unbiased.
 ``ece_before``/``ece_after`` follow SGLang's ``dspark_sts_fit`` definition: the
 ECE of the survival product at ``T = 1`` and at the fitted temperatures. The
 output JSON is byte-compatible with SGLang's ``DSparkStsCalibration``.
+
+This module holds the fit and the held-out evaluation; the metrics are in
+``sts_metrics``, the labels and ``apply_sts`` in ``sts_survival``, the JSON struct
+and its file in ``sts_file``. Every public name is importable from here too.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import msgspec
 import torch
+
+from dspark_sglang.calibration.sts_file import (
+    GREEDY_STS_FILENAME,
+    STS_FILENAME,
+    StsCalibration,
+    load_sts,
+)
+from dspark_sglang.calibration.sts_metrics import (
+    _ece_rows,
+    ece,
+    reliability_bins,
+    roc_auc,
+)
+from dspark_sglang.calibration.sts_survival import (
+    _check_counts,
+    apply_sts,
+    observed_mask,
+    survival_labels,
+    survival_probs,
+)
 
 __all__ = [
     "GREEDY_STS_FILENAME",
@@ -65,182 +86,6 @@ def default_grid(lo: float = 0.05, hi: float = 20.0, steps: int = 241) -> torch.
     if not (0.0 < lo < hi) or not math.isfinite(hi) or steps < 2:
         raise ValueError(f"grid needs 0 < lo < hi < inf and steps >= 2, got {lo}, {hi}, {steps}")
     return torch.logspace(math.log10(lo), math.log10(hi), steps, dtype=torch.float64)
-
-
-# --------------------------------------------------------------------------- #
-# Metrics.
-# --------------------------------------------------------------------------- #
-
-
-def _check_prob_label(prob: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    p = torch.as_tensor(prob).reshape(-1).to(torch.float64)
-    y = torch.as_tensor(label).reshape(-1).to(torch.float64)
-    if p.numel() != y.numel():
-        raise ValueError(f"prob and label sizes differ: {p.numel()} vs {y.numel()}")
-    if p.numel() == 0:
-        raise ValueError("ECE of an empty set is undefined: pass at least one sample")
-    if not bool(((p >= 0) & (p <= 1)).all()):
-        raise ValueError("prob must lie in [0, 1] (and not be NaN)")
-    if not bool(((y >= 0) & (y <= 1)).all()):
-        raise ValueError("label must lie in [0, 1] (and not be NaN)")
-    return p, y
-
-
-def _bin_index(p: torch.Tensor, n_bins: int) -> torch.Tensor:
-    """Equal-width bins ``[i/n, (i+1)/n)``; ``p = 1`` goes in the last bin."""
-    return (p * n_bins).long().clamp_(0, n_bins - 1)
-
-
-def reliability_bins(
-    prob: torch.Tensor, label: torch.Tensor, n_bins: int = 15
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per equal-width bin: ``(count, mean predicted, mean label)``, float64 ``[n_bins]``.
-
-    Empty bins have count 0 and means 0.
-    """
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-    p, y = _check_prob_label(prob, label)
-    idx = _bin_index(p, n_bins)
-    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(p))
-    psum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, p)
-    ysum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, y)
-    denom = count.clamp(min=1.0)
-    return count, psum / denom, ysum / denom
-
-
-def ece(prob: torch.Tensor, label: torch.Tensor, n_bins: int = 15) -> float:
-    """Expected calibration error with equal-width bins.
-
-    ``ECE = sum_b (n_b / N) * |mean(p in b) - mean(y in b)| = sum_b |sum_b p - sum_b y| / N``.
-    """
-    count, mp, my = reliability_bins(prob, label, n_bins)
-    return float(((mp - my).abs() * count).sum() / count.sum())
-
-
-def _ece_rows(prob: torch.Tensor, label: torch.Tensor, n_bins: int) -> torch.Tensor:
-    """ECE of each row of ``prob`` ``[G, N]`` against one ``label`` ``[N]`` (float64 ``[G]``)."""
-    g, n = prob.shape
-    idx = _bin_index(prob, n_bins) + torch.arange(g).unsqueeze(1) * n_bins
-    flat = idx.reshape(-1)
-    diff = (prob - label.unsqueeze(0)).reshape(-1)
-    err = torch.zeros(g * n_bins, dtype=torch.float64).index_add_(0, flat, diff)
-    return err.view(g, n_bins).abs().sum(1) / n
-
-
-def roc_auc(score: torch.Tensor, label: torch.Tensor) -> float:
-    """Area under the ROC curve via the Mann-Whitney rank statistic.
-
-    ``AUC = (sum of positives' ranks - P(P+1)/2) / (P * N)`` with ties given
-    their average rank (so a tie counts 1/2). NaN when one class is absent.
-    """
-    s = torch.as_tensor(score).reshape(-1).to(torch.float64)
-    y = torch.as_tensor(label).reshape(-1)
-    if s.numel() != y.numel():
-        raise ValueError(f"score and label sizes differ: {s.numel()} vs {y.numel()}")
-    if bool(torch.isnan(s).any()):
-        raise ValueError("score contains NaN")
-    yb = y.to(torch.bool) if y.dtype == torch.bool else y != 0
-    n_pos = int(yb.sum())
-    n_neg = s.numel() - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    sorted_s, order = torch.sort(s)
-    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
-    first_rank = (torch.cumsum(counts, 0) - counts).to(torch.float64) + 1.0
-    avg_rank = first_rank + (counts.to(torch.float64) - 1.0) / 2.0
-    pos_rank_sum = float(avg_rank[inverse][yb[order]].sum())
-    return (pos_rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-
-
-# --------------------------------------------------------------------------- #
-# Labels and application.
-# --------------------------------------------------------------------------- #
-
-
-def _check_counts(
-    logits: torch.Tensor, accepted: torch.Tensor, verified: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    z = torch.as_tensor(logits)
-    if z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-        raise ValueError(f"logits must be [M, B] with M, B >= 1, got shape {tuple(z.shape)}")
-    if not bool(torch.isfinite(z).all()):
-        raise ValueError("logits contain NaN or inf")
-    m, b = z.shape
-    acc = torch.as_tensor(accepted)
-    if acc.is_floating_point() and not bool((acc == acc.round()).all()):
-        raise ValueError("accepted must hold whole counts")
-    acc = acc.reshape(-1).to(torch.int64)
-    if acc.numel() != m:
-        raise ValueError(f"accepted has {acc.numel()} entries but logits has {m} rows")
-    if bool(((acc < 0) | (acc > b)).any()):
-        raise ValueError(f"accepted counts must lie in 0..{b} (the block size)")
-    ver = None
-    if verified is not None:
-        ver = torch.as_tensor(verified).reshape(-1).to(torch.int64)
-        if ver.numel() != m:
-            raise ValueError(f"verified has {ver.numel()} entries but logits has {m} rows")
-        if bool(((ver < acc) | (ver > b)).any()):
-            raise ValueError(f"verified counts must satisfy accepted <= verified <= {b}")
-    return z.to(torch.float64), acc, ver
-
-
-def survival_labels(accepted: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[M, B]`` bool: draft ``k`` (1-based column ``k-1``) survived iff ``accepted >= k``."""
-    ks = torch.arange(1, block_size + 1, device=torch.as_tensor(accepted).device)
-    return torch.as_tensor(accepted).reshape(-1, 1) >= ks
-
-
-def observed_mask(
-    accepted: torch.Tensor, verified: torch.Tensor | None, block_size: int
-) -> torch.Tensor:
-    """``[M, B]`` bool: does position ``k`` of this round enter the fit?
-
-    Only when draft ``k`` was verified (``k <= verified``). Early rejections
-    beyond ``verified`` are deliberately *not* kept: including a round only when
-    it failed would select on the outcome (see the module docstring).
-    """
-    acc = torch.as_tensor(accepted).reshape(-1, 1)
-    if verified is None:
-        return torch.ones(acc.shape[0], block_size, dtype=torch.bool, device=acc.device)
-    ver = torch.as_tensor(verified).reshape(-1, 1)
-    ks = torch.arange(1, block_size + 1, device=acc.device)
-    return (ks <= ver).expand(acc.shape[0], block_size)
-
-
-def apply_sts(logits: torch.Tensor, temperatures: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    """Calibrated conditional confidences ``c_k = sigmoid(z_k / T_k)`` over the last axis."""
-    z = torch.as_tensor(logits)
-    t = torch.as_tensor(temperatures, dtype=z.dtype if z.is_floating_point() else torch.float32)
-    if t.dim() != 1 or t.numel() != z.shape[-1]:
-        raise ValueError(
-            f"need one temperature per block position: {t.numel()} temperatures for "
-            f"logits of block size {z.shape[-1]}"
-        )
-    if not bool((t > 0).all()) or not bool(torch.isfinite(t).all()):
-        raise ValueError("temperatures must be finite and > 0")
-    return torch.sigmoid(z / t.to(z.device))
-
-
-def survival_probs(confidences: torch.Tensor) -> torch.Tensor:
-    """``A_k = prod_{j<=k} c_j`` over the last axis (non-increasing in ``k``)."""
-    return torch.cumprod(confidences, dim=-1)
-
-
-# --------------------------------------------------------------------------- #
-# Fitting.
-# --------------------------------------------------------------------------- #
-
-
-STS_FILENAME = "sts.json"
-"""A drafter folder's STS file: fitted on rollouts at the temperature its tiers sample at."""
-
-GREEDY_STS_FILENAME = "sts_greedy.json"
-"""A drafter folder's STS file for greedy-only tiers, fitted on greedy rollouts (optional).
-
-Greedy acceptance (the draft's argmax equals the target's) is not sampled acceptance
-(``min(1, p/q)``): a confidence head calibrated at temperature 1 underestimates it where
-the target is confident, and a scheduler reading it verifies too little."""
 
 
 @dataclass(frozen=True)
@@ -470,116 +315,3 @@ def evaluate_sts(
         num_samples=m,
         n_bins=n_bins,
     )
-
-
-# --------------------------------------------------------------------------- #
-# SGLang-compatible JSON.
-# --------------------------------------------------------------------------- #
-
-
-def _float_tuple(
-    field: str, values: Any, *, lo: float, hi: float, open_lo: bool
-) -> tuple[float, ...]:
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise ValueError(
-            f"StsCalibration.{field} must be a list of numbers, got {type(values).__name__}"
-        )
-    out: list[float] = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise ValueError(f"StsCalibration.{field}[{i}] must be a number, got {v!r}")
-        fv = float(v)
-        bad_lo = fv <= lo if open_lo else fv < lo
-        if not math.isfinite(fv) or bad_lo or fv > hi:
-            bound = f"{'>' if open_lo else '>='} {lo}" + ("" if math.isinf(hi) else f" and <= {hi}")
-            raise ValueError(f"StsCalibration.{field}[{i}] = {fv!r}: must be finite and {bound}")
-        out.append(fv)
-    return tuple(out)
-
-
-class StsCalibration(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """STS temperatures as SGLang's ``--speculative-dspark-confidence-sts-path`` reads them.
-
-    Fields (same names, defaults and omission rules as ``DSparkStsCalibration``):
-        temperatures: one ``T_k > 0`` per block position (SGLang checks the count
-            against its runtime block size).
-        dataset: free-form description of the rollouts it was fitted on.
-        num_samples: rounds used for the fit.
-        ece_before / ece_after: per-position survival ECE at ``T = 1`` and after;
-            empty or one per position, each in ``[0, 1]``.
-    """
-
-    temperatures: tuple[float, ...]
-    dataset: str = ""
-    num_samples: int = 0
-    ece_before: tuple[float, ...] = ()
-    ece_after: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        temps = _float_tuple("temperatures", self.temperatures, lo=0.0, hi=math.inf, open_lo=True)
-        if not temps:
-            raise ValueError(
-                "StsCalibration.temperatures is empty: give one temperature per position"
-            )
-        if not isinstance(self.dataset, str):
-            raise ValueError(f"StsCalibration.dataset must be a string, got {self.dataset!r}")
-        ns = self.num_samples
-        if isinstance(ns, bool) or not isinstance(ns, numbers.Integral) or ns < 0:
-            raise ValueError(f"StsCalibration.num_samples must be an integer >= 0, got {ns!r}")
-        eces = {}
-        for name in ("ece_before", "ece_after"):
-            vals = _float_tuple(name, getattr(self, name), lo=0.0, hi=1.0, open_lo=False)
-            if vals and len(vals) != len(temps):
-                raise ValueError(
-                    f"StsCalibration.{name} has {len(vals)} entries for {len(temps)} "
-                    "temperatures: give one per position or leave it out"
-                )
-            eces[name] = vals
-        msgspec.structs.force_setattr(self, "temperatures", temps)
-        msgspec.structs.force_setattr(self, "num_samples", int(ns))
-        for name, vals in eces.items():
-            msgspec.structs.force_setattr(self, name, vals)
-
-    @property
-    def block_size(self) -> int:
-        return len(self.temperatures)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated conditional confidences for raw logits ``[..., B]``."""
-        return apply_sts(logits, self.temperatures)
-
-    def to_json(self) -> str:
-        """Exactly the text SGLang's ``DSparkStsCalibration.to_json()`` gives."""
-        return msgspec.json.encode(self).decode("utf-8")
-
-    @classmethod
-    def from_json(cls, data: str | bytes, *, source: str = "STS calibration") -> StsCalibration:
-        raw = data.encode("utf-8") if isinstance(data, str) else data
-        try:
-            obj = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
-            raise ValueError(f"{source}: not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise ValueError(f"{source}: top level must be a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - set(cls.__struct_fields__))
-        if unknown:
-            raise ValueError(
-                f"{source}: unknown key(s) {unknown}; allowed keys: {list(cls.__struct_fields__)}"
-            )
-        try:
-            return msgspec.json.decode(raw, type=cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{source}: {exc}") from exc
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
-
-
-def load_sts(path: str | Path) -> StsCalibration:
-    """Read an STS calibration JSON (ours or SGLang's ``dspark_sts_fit`` output)."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read STS calibration {p}: {exc}") from exc
-    return StsCalibration.from_json(data, source=str(p))

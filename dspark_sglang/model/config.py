@@ -2,10 +2,10 @@
 
 Two frozen dataclasses:
 
-* ``TargetSpec``: the handful of target-model facts the drafter depends on
-  (vocabulary, hidden width, depth, attention geometry). It is read from a
-  HuggingFace config so the drafter never guesses them.
-* ``DSparkConfig``: the drafter's architecture and DSpark-specific settings.
+* ``TargetSpec`` (``config_target``): the handful of target-model facts the
+  drafter depends on (vocabulary, hidden width, depth, attention geometry). It is
+  read from a HuggingFace config so the drafter never guesses them.
+* ``DSparkConfig`` (here): the drafter's architecture and DSpark-specific settings.
   Every field is validated in ``__post_init__`` with an error naming the field
   and the fix, because a silently wrong field (a slot convention, a target layer
   that is never captured) costs a training run, not a crash.
@@ -17,6 +17,9 @@ read (``block_size``, ``target_layer_ids``, ``mask_token_id``). A top-level
 ``torch_dtype`` (HF's name of the stored weights' dtype, which SGLang's ``--dtype
 auto`` follows) is optional so older checkpoints load. The round trip is exact and
 anything unknown, missing, out of range or inconsistent is refused.
+
+The layout's names and keys live in ``config_hf``, the field checks in
+``config_checks``; every public name is importable from here too.
 """
 
 from __future__ import annotations
@@ -25,7 +28,50 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
+
+from dspark_sglang.model.config_checks import (
+    _check_bool,
+    _check_choice,
+    _check_float,
+    _check_int,
+)
+from dspark_sglang.model.config_hf import (
+    _DFLASH_FIELDS,
+    _HF_MIRRORED_FIELDS,
+    _HF_OPTIONAL_KEYS,
+    _HF_TOP_LEVEL_KEYS,
+    HF_ARCHITECTURE,
+    HF_MODEL_TYPE,
+    HF_TORCH_DTYPES,
+    check_torch_dtype,
+    hf_torch_dtype,
+)
+from dspark_sglang.model.config_target import TargetSpec, default_target_layer_ids
+
+__all__ = [
+    "HF_ARCHITECTURE",
+    "HF_MODEL_TYPE",
+    "HF_TORCH_DTYPES",
+    "MAX_BLOCK_SIZE",
+    "MAX_HEAD_DIM",
+    "MAX_HIDDEN_SIZE",
+    "MAX_INTERMEDIATE_SIZE",
+    "MAX_MARKOV_RANK",
+    "MAX_NUM_EXPERTS",
+    "MAX_NUM_HEADS",
+    "MAX_NUM_LAYERS",
+    "MAX_POSITIONS",
+    "MAX_VOCAB_SIZE",
+    "DSparkConfig",
+    "FFNType",
+    "MarkovHeadType",
+    "SlotConvention",
+    "TargetSpec",
+    "check_torch_dtype",
+    "default_target_layer_ids",
+    "hf_torch_dtype",
+]
 
 SlotConvention = Literal["anchor_next", "dflash"]
 FFNType = Literal["moe", "dense"]
@@ -43,190 +89,9 @@ MAX_HEAD_DIM = 1024  # real models use 64-256
 MAX_NUM_EXPERTS = 1024  # the largest MoEs route over 256-512 experts
 MAX_MARKOV_RANK = 2**16  # a low-rank head; the shipped one has rank 96
 MAX_POSITIONS = 2**24  # 16M tokens, beyond any context window
-# HF ``torch_dtype`` names a drafter checkpoint may declare for its floating weights.
-HF_TORCH_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
-HF_ARCHITECTURE = "DSparkMoEDraftModel"
-HF_MODEL_TYPE = "dspark_moe"
 
-# Top-level HF fields that mirror a DSparkConfig field of the same name.
-_HF_MIRRORED_FIELDS: tuple[str, ...] = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "rope_theta",
-    "vocab_size",
-    "max_position_embeddings",
-    "sliding_window",
-)
-_DFLASH_FIELDS: tuple[str, ...] = ("block_size", "target_layer_ids", "mask_token_id")
-_HF_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
-    {"architectures", "model_type", "dspark_config", "dflash_config", *_HF_MIRRORED_FIELDS}
-)
-_HF_OPTIONAL_KEYS: frozenset[str] = frozenset({"torch_dtype"})  # absent in old checkpoints
 # dspark_config fields that may be absent (older checkpoints), with the value absence means.
 _OPTIONAL_FIELDS: dict[str, Any] = {"draft_vocab_size": None, "greedy_draft_vocab_size": None}
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _check_int(
-    owner: str, name: str, value: object, lo: int | None = None, hi: int | None = None
-) -> int:
-    """An ``int`` (not a bool) in ``[lo, hi]``; the error names ``owner.name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{owner}.{name} must be an int, got {value!r} ({type(value).__name__}); "
-            f"set {name} to an integer"
-        )
-    if lo is not None and value < lo:
-        raise ValueError(f"{owner}.{name} must be >= {lo}, got {value}; set {name} >= {lo}")
-    if hi is not None and value > hi:
-        raise ValueError(
-            f"{owner}.{name}={value} is out of range (at most {hi}, far above any real model): "
-            f"the config is corrupt; set {name} <= {hi} to the drafter's real size"
-        )
-    return value
-
-
-def _check_float(owner: str, name: str, value: object, *, positive: bool = True) -> float:
-    """A finite real number (ints accepted), returned as ``float``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(
-            f"{owner}.{name} must be a number, got {value!r} ({type(value).__name__}); "
-            f"set {name} to a float"
-        )
-    out = float(value)
-    if not math.isfinite(out) or (positive and out <= 0.0):
-        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
-    return out
-
-
-def _check_bool(owner: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(
-            f"{owner}.{name} must be true or false, got {value!r}; set {name} to a bool"
-        )
-    return value
-
-
-def _check_choice(owner: str, name: str, value: object, literal: Any) -> str:
-    choices = get_args(literal)
-    if value not in choices:
-        raise ValueError(f"{owner}.{name} must be one of {choices}, got {value!r}")
-    return str(value)
-
-
-def check_torch_dtype(value: object) -> str:
-    """A ``torch_dtype`` name from ``config.json`` (HF spelling, e.g. ``"bfloat16"``)."""
-    if value not in HF_TORCH_DTYPES:
-        raise ValueError(
-            f"DSpark HF config torch_dtype={value!r} is not a floating dtype name; set it to "
-            f"one of {list(HF_TORCH_DTYPES)} (the dtype of model.safetensors) or remove it"
-        )
-    return str(value)
-
-
-def default_target_layer_ids(num_layers: int, n: int = 5) -> tuple[int, ...]:
-    """``n`` target layers spread evenly over ``[1, L-3]`` (DSpark/DFlash default).
-
-    The last layer is never returned: its output is not captured as a hidden
-    state (the LM head consumes it). Small targets yield fewer, distinct ids.
-    """
-    _check_int("default_target_layer_ids", "num_layers", num_layers, lo=2)
-    _check_int("default_target_layer_ids", "n", n, lo=1)
-    lo = min(1, num_layers - 2)
-    hi = max(lo, num_layers - 3)
-    if n == 1:
-        return (lo,)
-    ids = sorted({round(lo + i * (hi - lo) / (n - 1)) for i in range(n)})
-    return tuple(int(i) for i in ids)
-
-
-# --------------------------------------------------------------------------- target
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """The target-model facts a drafter is built against and checked against."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_norm_eps: float
-    max_position_embeddings: int
-
-    def __post_init__(self) -> None:
-        o = "TargetSpec"
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"{o}.name must be a non-empty string, got {self.name!r}")
-        _check_int(o, "vocab_size", self.vocab_size, lo=2)
-        _check_int(o, "hidden_size", self.hidden_size, lo=1)
-        _check_int(o, "num_layers", self.num_layers, lo=2)
-        _check_int(o, "num_attention_heads", self.num_attention_heads, lo=1)
-        _check_int(o, "num_key_value_heads", self.num_key_value_heads, lo=1)
-        _check_int(o, "head_dim", self.head_dim, lo=2)
-        _check_int(o, "max_position_embeddings", self.max_position_embeddings, lo=1)
-        object.__setattr__(self, "rope_theta", _check_float(o, "rope_theta", self.rope_theta))
-        object.__setattr__(self, "rms_norm_eps", _check_float(o, "rms_norm_eps", self.rms_norm_eps))
-
-    @classmethod
-    def from_hf_config(cls, cfg: Any, name: str) -> TargetSpec:
-        """Read a Llama/SmolLM2/Qwen3 HF config (object or dict).
-
-        transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; older
-        configs have it at the top level. ``head_dim`` defaults to
-        ``hidden_size // num_attention_heads`` (Llama), Qwen3 states it.
-        """
-
-        def get(key: str, default: Any = None) -> Any:
-            if isinstance(cfg, Mapping):
-                return cfg.get(key, default)
-            return getattr(cfg, key, default)
-
-        def need(key: str) -> Any:
-            value = get(key)
-            if value is None:
-                raise ValueError(f"target HF config for {name!r} has no {key!r}")
-            return value
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        kv_heads = get("num_key_value_heads")
-        head_dim = get("head_dim")
-        rope_theta = get("rope_theta")
-        if rope_theta is None:
-            rope_params = get("rope_parameters") or {}
-            rope_theta = rope_params.get("rope_theta") if isinstance(rope_params, Mapping) else None
-        if rope_theta is None:
-            raise ValueError(
-                f"target HF config for {name!r} has neither rope_theta nor "
-                "rope_parameters['rope_theta']"
-            )
-        return cls(
-            name=name,
-            vocab_size=int(need("vocab_size")),
-            hidden_size=hidden,
-            num_layers=int(need("num_hidden_layers")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(kv_heads) if kv_heads is not None else heads,
-            head_dim=int(head_dim) if head_dim is not None else hidden // heads,
-            rope_theta=float(rope_theta),
-            rms_norm_eps=float(need("rms_norm_eps")),
-            max_position_embeddings=int(need("max_position_embeddings")),
-        )
-
-
-# --------------------------------------------------------------------------- drafter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -522,9 +387,3 @@ class DSparkConfig:
                 f"{expected['dflash_config']!r} (a mirror of dspark_config)"
             )
         return config
-
-
-def hf_torch_dtype(d: Mapping[str, Any]) -> str | None:
-    """The validated ``torch_dtype`` of an HF config dict, ``None`` when absent (old ones)."""
-    value = d.get("torch_dtype")
-    return None if value is None else check_torch_dtype(value)
