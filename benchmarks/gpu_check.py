@@ -41,7 +41,9 @@ row of the table and of the JSON (``status`` pass, fail or error):
 status: 0 when every check passed, 1 otherwise, 2 on bad arguments or no CUDA device.
 The JSON (``--out``; default ``gpu_check.json`` in a fresh run folder,
 ``scripts/gpu_check.sh`` names ``benchmarks/results/gpu_check.json``) keeps every row,
-the sizes and the environment.
+the sizes and the environment. Checks 1 and 2 and what every check shares (sizes, the
+row, the target geometry) are ``dspark_sglang/bench/gpu_check/``, re-exported here;
+checks 3 and 4 and the driver are this script.
 """
 
 from __future__ import annotations
@@ -50,334 +52,54 @@ import argparse
 import dataclasses
 import math
 import platform
-import random
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dspark_sglang.bench.gpu_check.common import (
+    FULL,
+    PAPER_VOCAB,
+    SMALL,
+    Row,
+    Sizes,
+    target_spec,
+)
+from dspark_sglang.bench.gpu_check.common import shared_modules as _shared_modules
+from dspark_sglang.bench.gpu_check.common import verdict as _verdict
+from dspark_sglang.bench.gpu_check.drafting import check_draft_graph, greedy_draft
+from dspark_sglang.bench.gpu_check.policies import check_device_policies
+
+__all__ = [
+    "CHECKS",
+    "FULL",
+    "PAPER_VOCAB",
+    "RECIPE",
+    "REPO",
+    "SMALL",
+    "Row",
+    "Sizes",
+    "check_device_policies",
+    "check_draft_graph",
+    "check_train_step",
+    "check_verify",
+    "environment",
+    "format_table",
+    "greedy_draft",
+    "main",
+    "parse_args",
+    "run_checks",
+    "target_spec",
+]
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "dspark_smollm2.yaml"
-PAPER_VOCAB = 151936
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Problem sizes of one run (``full`` on a GPU, ``small`` for the CPU test)."""
-
-    policy_cases: int
-    policy_max_n: int
-    policy_block: int
-    lagged_steps: int
-    graph_requests: int
-    graph_context: int
-    verify_requests: int
-    verify_block: int
-    verify_vocab: int
-    train_vocab: int
-    train_anchors: int
-    train_seq_len: int
-    train_steps: int
-    tiny_target: bool
-
-
-FULL = Sizes(
-    policy_cases=48,
-    policy_max_n=256,
-    policy_block=7,
-    lagged_steps=6,
-    graph_requests=16,
-    graph_context=256,
-    verify_requests=32,
-    verify_block=7,
-    verify_vocab=PAPER_VOCAB,
-    train_vocab=PAPER_VOCAB,
-    train_anchors=512,
-    train_seq_len=2048,
-    train_steps=5,
-    tiny_target=False,
-)
-SMALL = Sizes(
-    policy_cases=6,
-    policy_max_n=16,
-    policy_block=5,
-    lagged_steps=4,
-    graph_requests=3,
-    graph_context=24,
-    verify_requests=16,
-    verify_block=5,
-    verify_vocab=64,
-    train_vocab=512,
-    train_anchors=8,
-    train_seq_len=64,
-    train_steps=2,
-    tiny_target=True,
-)
-
-
-@dataclass
-class Row:
-    """One check's outcome: ``status`` is ``pass``, ``fail`` or ``error``."""
-
-    check: str
-    status: str
-    detail: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def _verdict(ok: bool) -> str:
-    return "pass" if ok else "fail"
-
-
-def target_spec(sizes: Sizes, vocab_size: int) -> Any:
-    """SmolLM2's geometry with ``vocab_size`` tokens, or a tiny target for ``--small``."""
-    from dspark_sglang.model.config import TargetSpec
-    from dspark_sglang.targets.smollm2 import SMOLLM2_GEOMETRY
-
-    if not sizes.tiny_target:
-        return dataclasses.replace(SMOLLM2_GEOMETRY, vocab_size=vocab_size)
-    return TargetSpec(
-        name="tiny",
-        vocab_size=vocab_size,
-        hidden_size=64,
-        num_layers=30,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=4096,
-    )
-
-
-def _shared_modules(spec: Any, device: torch.device) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
-    emb = torch.nn.Embedding(spec.vocab_size, spec.hidden_size, device=device)
-    head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device=device)
-    torch.nn.init.normal_(emb.weight, std=0.02)
-    torch.nn.init.normal_(head.weight, std=0.02)
-    return emb, head
-
-
-# --------------------------------------------------------------------------- 1. policies
-
-
-def _random_table(rng: random.Random, max_tokens: int) -> Any:
-    """A staircase (monotone or jagged, cap often binding) or an additive table."""
-    from dspark_sglang.scheduling.cost_table import SpsAdditiveCostTable, SpsCostTable
-
-    if rng.random() < 0.25:
-        bs = tuple(sorted(rng.sample(range(1, 300), rng.randint(1, 3))))
-        m = (1, 64, 512, 4096)[: rng.randint(1, 4)]
-        return SpsAdditiveCostTable(
-            bias_seconds=rng.uniform(0.005, 0.02),
-            bs_probes=bs,
-            alpha_seconds=tuple(rng.uniform(0.0, 0.004) for _ in bs),
-            m_probes=m,
-            theta_seconds=tuple(sorted(rng.uniform(0.0, 0.05) for _ in m)),
-        )
-    probes = sorted(rng.sample(range(1, max_tokens + 1), rng.randint(2, 12)))
-    rates = [rng.uniform(20.0, 100.0) for _ in probes]
-    if rng.random() < 0.6:
-        rates.sort(reverse=True)
-    slack = rng.choice([0, rng.randint(0, max_tokens), 10**5])
-    return SpsCostTable(
-        sample_batch_tokens=tuple(probes),
-        sample_steps_per_sec=tuple(rates),
-        max_batch_tokens=probes[-1] + slack,
-    )
-
-
-def _host_policies(table: Any) -> dict[str, Any]:
-    from dspark_sglang.scheduling.policies import (
-        LaggedBudgetScheduler,
-        PrefixScheduler,
-        StaticK,
-        VerifyAll,
-    )
-
-    return {
-        "prefix": PrefixScheduler(table),
-        "lagged": LaggedBudgetScheduler(table, lag=2),
-        "static-k": StaticK(3),
-        "verify-all": VerifyAll(),
-    }
-
-
-def _sync_guard(device: torch.device) -> Any:
-    """``set_sync_debug_mode("error")`` on CUDA for the block; nothing on other devices."""
-
-    class _Guard:
-        def __enter__(self) -> None:
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("error")
-
-        def __exit__(self, *exc: object) -> None:
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("default")
-
-    return _Guard()
-
-
-def check_device_policies(device: torch.device, sizes: Sizes, seed: int) -> Row:
-    """Device policies vs the host ones on random cases; decide under no-sync mode."""
-    from dspark_sglang.scheduling.device_policies import device_twin
-
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    b = sizes.policy_block
-    decisions = mismatches = 0
-    first_mismatch: str | None = None
-    for case in range(sizes.policy_cases):
-        n = rng.choice([1, 2, 3, 8, sizes.policy_max_n // 2, sizes.policy_max_n])
-        table = _random_table(rng, sizes.policy_max_n * (b + 1))
-        steps = [
-            torch.rand((n, b), generator=gen).clamp_(1e-4, 1 - 1e-4)
-            for _ in range(sizes.lagged_steps + 1)
-        ]
-        for name, host in _host_policies(table).items():
-            dev = device_twin(host, device)
-            moved = [c.to(device) for c in steps]
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            got = [dev.decide(moved[0])]  # warm-up: the cost-table rows of this (N, B)
-            with _sync_guard(device):
-                got += [dev.decide(c) for c in moved[1:]]
-            want = [host.decide(c) for c in steps]
-            for t, (g, w) in enumerate(zip(got, want, strict=True)):
-                decisions += 1
-                if not torch.equal(g.cpu(), w.cpu()):
-                    mismatches += 1
-                    if first_mismatch is None:
-                        first_mismatch = (
-                            f"case {case} {name} step {t} N={n}: device {g.cpu().tolist()} "
-                            f"host {w.cpu().tolist()}"
-                        )
-    ok = mismatches == 0
-    mode = "sync_debug_mode=error" if device.type == "cuda" else "no sync mode on cpu"
-    detail = f"{decisions} decisions, {mismatches} differ from the host ({mode})"
-    if first_mismatch:
-        detail += f"; first: {first_mismatch}"
-    return Row(
-        "device_policies",
-        _verdict(ok),
-        detail,
-        {"decisions": decisions, "mismatches": mismatches, "cases": sizes.policy_cases},
-    )
-
-
-# --------------------------------------------------------------------------- 2. CUDA graph
-
-
-def greedy_draft(
-    drafter: Any,
-    ctx: torch.Tensor,
-    ctx_pos: torch.Tensor,
-    valid: torch.Tensor,
-    anchors: torch.Tensor,
-    anchor_pos: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``forward_block`` + the greedy Markov loop, with no host read: ``(tokens, base)``."""
-    block = drafter.forward_block(ctx, ctx_pos, valid, anchors, anchor_pos)
-    head = drafter.markov_head
-    hidden, base = block.hidden, block.base_logits
-    state = head.init_state(hidden[:, 0]) if head is not None else None
-    prev = anchors.long()
-    tokens = []
-    for k in range(base.shape[1]):
-        logits = base[:, k]
-        if head is not None:
-            bias, state = head.step(prev, hidden[:, k], state)
-            logits = logits + bias.float()
-        prev = drafter.to_target_vocab(logits.argmax(-1))
-        tokens.append(prev)
-    return torch.stack(tokens, dim=1), base
-
-
-def _draft_inputs(drafter: Any, n: int, c: int, gen: torch.Generator) -> list[torch.Tensor]:
-    cfg = drafter.config
-    feats = cfg.num_context_features * cfg.target_hidden_size
-    return [
-        torch.randn(n, c, feats, generator=gen),
-        torch.arange(c).expand(n, c).clone(),
-        torch.ones(n, c, dtype=torch.bool),
-        torch.randint(0, cfg.vocab_size, (n,), generator=gen),
-        torch.full((n,), c, dtype=torch.int64),
-    ]
-
-
-def check_draft_graph(device: torch.device, sizes: Sizes, seed: int) -> Row:
-    """Captured greedy draft (CUDA) vs ``sample_block`` eager, for each Markov head."""
-    from dspark_sglang.model import DSparkConfig, DSparkDrafter, sample_block
-
-    spec = target_spec(sizes, PAPER_VOCAB if not sizes.tiny_target else 512)
-    capture = device.type == "cuda"
-    per_head: dict[str, Any] = {}
-    for head_type in ("vanilla", "gated", "rnn"):
-        torch.manual_seed(seed)
-        emb, lm_head = _shared_modules(spec, device)
-        cfg = DSparkConfig.for_target(
-            spec,
-            mask_token_id=0,
-            num_hidden_layers=2,
-            ffn_type="dense",
-            markov_head_type=head_type,
-            markov_rank=48,
-        )
-        drafter = DSparkDrafter(cfg, emb, lm_head).to(device).eval()
-        gen = torch.Generator().manual_seed(seed + 1)
-        first = [
-            t.to(device)
-            for t in _draft_inputs(drafter, sizes.graph_requests, sizes.graph_context, gen)
-        ]
-        second = [
-            t.to(device)
-            for t in _draft_inputs(drafter, sizes.graph_requests, sizes.graph_context, gen)
-        ]
-        with torch.no_grad():
-            if capture:
-                static = [t.clone() for t in first]
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        greedy_draft(drafter, *static)
-                torch.cuda.current_stream(device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out_tokens, out_base = greedy_draft(drafter, *static)
-                for dst, src in zip(static, second, strict=True):
-                    dst.copy_(src)
-                graph.replay()
-                torch.cuda.synchronize(device)
-                tokens, base = out_tokens.clone(), out_base.clone()
-            else:
-                tokens, base = greedy_draft(drafter, *second)
-            block = drafter.forward_block(*second)
-            eager = sample_block(drafter, block, second[3], temperature=0.0)
-        same = bool(torch.equal(tokens.cpu(), eager.tokens.cpu()))
-        diff = float((base.float() - block.base_logits.float()).abs().max())
-        per_head[head_type] = {"tokens_equal": same, "base_logits_max_abs_diff": diff}
-    ok = all(h["tokens_equal"] and h["base_logits_max_abs_diff"] <= 1e-4 for h in per_head.values())
-    how = (
-        "captured on one input set, replayed on another"
-        if capture
-        else "capture skipped on cpu: the graph-safe loop runs eagerly"
-    )
-    detail = (
-        f"{how}; tokens vs sample_block(T=0) eager: "
-        + ", ".join(
-            f"{k} {'equal' if v['tokens_equal'] else 'DIFFER'}" for k, v in per_head.items()
-        )
-        + f" (N={sizes.graph_requests}, context {sizes.graph_context}, V={spec.vocab_size})"
-    )
-    return Row("draft_cuda_graph", _verdict(ok), detail, {"captured": capture, "heads": per_head})
 
 
 # --------------------------------------------------------------------------- 3. verification

@@ -26,19 +26,21 @@ the kept hidden states cover the same positions, and the anchor is the last
 emitted token; a request stops at a stop token (which is emitted) or after
 ``max_new_tokens`` tokens, with any overshoot of the last round dropped, exactly
 as plain decoding would have stopped.
+
+This module is the speculative loop (``ReferenceGenerator``). Its parts live beside
+it and are re-exported here: ``proposer.py`` (``DraftInputs``, ``Proposer``,
+``DSparkProposer``), ``result.py`` (``GenerationResult``), ``request_state.py`` (the
+per-request state and the prefill / emit steps) and ``plain.py`` (``plain_generate``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache
 
-from dspark_sglang.model.block_sampler import DraftProposal, sample_block
+from dspark_sglang.model.block_sampler import DraftProposal
 from dspark_sglang.model.context_copy import (
     ContextCopies,
     copy_drafts,
@@ -47,271 +49,28 @@ from dspark_sglang.model.context_copy import (
 )
 from dspark_sglang.model.drafter import DSparkDrafter
 from dspark_sglang.model.heads import calibrated_confidence
-from dspark_sglang.sampling import SamplingParams, logits_to_probs, sample
+from dspark_sglang.reference.plain import plain_generate
+from dspark_sglang.reference.proposer import DraftInputs, DSparkProposer, Proposer
+from dspark_sglang.reference.request_state import Request, emit_tokens, prefill, validate_prompts
+from dspark_sglang.reference.result import GenerationResult
+from dspark_sglang.sampling import SamplingParams, logits_to_probs
 from dspark_sglang.scheduling.config import DEFAULT_COPY_CONFIDENCE, check_ngram
 from dspark_sglang.scheduling.policies import SchedulingPolicy
 from dspark_sglang.targets.hf_target import HFTarget
 from dspark_sglang.verify.chain import VerifyResult, chain_verify, greedy_verify
 
-# --------------------------------------------------------------------------- proposers
+__all__ = [
+    "DSparkProposer",
+    "DraftInputs",
+    "GenerationResult",
+    "Proposer",
+    "ReferenceGenerator",
+    "plain_generate",
+]
 
-
-@dataclass(frozen=True)
-class DraftInputs:
-    """What a proposer sees for the ``N`` active requests of one round.
-
-    ``context_*`` are right-aligned (padding first, ``context_valid`` False);
-    ``request_ids`` index the prompts given to ``generate``. ``context_tokens``
-    holds the token id at each context position (0 where invalid) so an
-    autoregressive proposer, which embeds the tokens next to the hidden states,
-    sees them too; the generator always fills it (``None`` only for inputs built
-    by hand for a proposer that does not read tokens).
-    """
-
-    context_hidden: torch.Tensor  # [N, C, n*H]
-    context_positions: torch.Tensor  # [N, C] int64
-    context_valid: torch.Tensor  # [N, C] bool
-    anchor_tokens: torch.Tensor  # [N] int64
-    anchor_positions: torch.Tensor  # [N] int64
-    request_ids: torch.Tensor  # [N] int64
-    context_tokens: torch.Tensor | None = None  # [N, C] int64
-
-
-@runtime_checkable
-class Proposer(Protocol):
-    """Anything that drafts a block per request (the DSpark drafter, a test oracle)."""
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def sliding_window(self) -> int | None: ...
-
-    def propose(
-        self, inputs: DraftInputs, sampling: SamplingParams, generator: torch.Generator
-    ) -> DraftProposal: ...
-
-
-class DSparkProposer:
-    """The real path: ``drafter.forward_block`` then ``sample_block``."""
-
-    def __init__(self, drafter: DSparkDrafter) -> None:
-        self.drafter = drafter
-
-    @property
-    def block_size(self) -> int:
-        return self.drafter.config.block_size
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]:
-        return tuple(self.drafter.config.target_layer_ids)
-
-    @property
-    def sliding_window(self) -> int | None:
-        return self.drafter.config.sliding_window
-
-    @torch.inference_mode()
-    def propose(
-        self, inputs: DraftInputs, sampling: SamplingParams, generator: torch.Generator
-    ) -> DraftProposal:
-        block = self.drafter.forward_block(
-            inputs.context_hidden,
-            inputs.context_positions,
-            inputs.context_valid,
-            inputs.anchor_tokens,
-            inputs.anchor_positions,
-        )
-        return sample_block(
-            self.drafter,
-            block,
-            inputs.anchor_tokens,
-            sampling.temperature,
-            sampling.top_k,
-            sampling.top_p,
-            generator,
-        )
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """Outputs and acceptance statistics of one ``generate``/``plain_generate`` call.
-
-    ``rounds[i]`` lists ``(verify_len, accepted)`` per speculative round of request
-    ``i`` (empty for plain decoding). ``position_reached[k]`` counts rounds where
-    draft ``k`` was verified with all earlier drafts accepted, ``position_accepted[k]``
-    those where it was also accepted (conditional acceptance = accepted / reached).
-    ``confidence_logits[i]`` is float32 ``[len(rounds[i]), B]``: the drafter's raw
-    confidence logits (before STS) of every round of request ``i``, in round order,
-    so rollouts for calibration and traces for the planner can be written from a
-    run; ``None`` when the drafter has no confidence head (and for plain decoding).
-    ``copies_reached`` / ``copies_accepted`` count the context-copied drafts among
-    ``position_reached`` / ``position_accepted`` (0 without context copies).
-    """
-
-    outputs: list[list[int]]
-    rounds: list[list[tuple[int, int]]]
-    position_reached: torch.Tensor  # [B] int64
-    position_accepted: torch.Tensor  # [B] int64
-    wall_time_s: float
-    target_forwards: int
-    draft_forwards: int
-    confidence_logits: list[torch.Tensor] | None = None
-    copies_reached: int = 0
-    copies_accepted: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
-
-    @property
-    def num_rounds(self) -> int:
-        return sum(len(r) for r in self.rounds)
-
-    @property
-    def accept_length_mean(self) -> float:
-        """Mean tokens emitted per round, accepted drafts + the correction/bonus token."""
-        n = self.num_rounds
-        return sum(a + 1 for r in self.rounds for _, a in r) / n if n else float("nan")
-
-    @property
-    def verify_length_mean(self) -> float:
-        n = self.num_rounds
-        return sum(v for r in self.rounds for v, _ in r) / n if n else float("nan")
-
-    @property
-    def position_acceptance(self) -> torch.Tensor:
-        """Conditional acceptance per draft position (NaN where never reached)."""
-        reached = self.position_reached.double()
-        return torch.where(
-            reached > 0, self.position_accepted.double() / reached.clamp(min=1), torch.nan
-        )
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.num_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
-
-
-# --------------------------------------------------------------------------- requests
-
-
-@dataclass
-class _Request:
-    """Mutable per-request state; see the module invariant."""
-
-    rid: int
-    tokens: list[int]  # prompt + emitted; the last one is the anchor
-    cache: DynamicCache | None
-    hidden: torch.Tensor  # [K, n*H] captured hidden states of positions hidden_start..
-    hidden_start: int
-    output: list[int] = field(default_factory=list)
-    rounds: list[tuple[int, int]] = field(default_factory=list)
-    confidence: list[torch.Tensor] = field(default_factory=list)  # raw logits [B] per round
-    done: bool = False
-
-    @property
-    def anchor_position(self) -> int:
-        return len(self.tokens) - 1
-
-
-def _validate_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_new_tokens: int) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
-        bad = [t for t in p if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab}): {bad[:5]}")
-
-
-def _emit_tokens(req: _Request, new: Sequence[int], max_new: int, stops: frozenset[int]) -> int:
-    """Append ``new`` as plain decoding would: stop after a stop token or ``max_new``.
-
-    Returns how many of ``new`` were kept.
-    """
-    kept = 0
-    for tok in new:
-        req.output.append(tok)
-        req.tokens.append(tok)
-        kept += 1
-        if tok in stops or len(req.output) >= max_new:
-            req.done = True
-            break
-    return kept
-
-
-def _prefill(
-    target: HFTarget,
-    prompt: Sequence[int],
-    layer_ids: Sequence[int],
-    sampling: SamplingParams,
-    generator: torch.Generator,
-) -> tuple[int, DynamicCache, torch.Tensor]:
-    """Run the prompt, sample the first token. Returns ``(token, cache, captured [P, n*H])``."""
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
-    logits, captured, cache = target.forward(ids, None, 0, layer_ids, logits_to_keep=1)
-    probs = logits_to_probs(logits[0, -1], sampling.temperature, sampling.top_k, sampling.top_p)
-    return int(sample(probs, generator)), cache, captured[0]
-
-
-# --------------------------------------------------------------------------- baseline
-
-
-@torch.inference_mode()
-def plain_generate(
-    target: HFTarget,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    stop_token_ids: Sequence[int] = (),
-    *,
-    sampling: SamplingParams | None = None,
-    seed: int = 0,
-) -> GenerationResult:
-    """Target-only autoregressive decoding, one token per forward, same sampling path.
-
-    The baseline the speculative generator is compared with (speed) and must equal
-    at temperature 0 (tokens).
-    """
-    sampling = sampling or SamplingParams()
-    _validate_prompts(prompts, target.spec.vocab_size, max_new_tokens)
-    stops = frozenset(int(t) for t in stop_token_ids)
-    gen = torch.Generator().manual_seed(seed)
-    outputs: list[list[int]] = []
-    forwards = 0
-    t0 = time.perf_counter()
-    for prompt in prompts:
-        tok, cache, _ = _prefill(target, prompt, (), sampling, gen)
-        forwards += 1
-        out = [tok]
-        while tok not in stops and len(out) < max_new_tokens:
-            logits, _, cache = target.forward(torch.tensor([[tok]]), cache)
-            forwards += 1
-            probs = logits_to_probs(
-                logits[0, -1], sampling.temperature, sampling.top_k, sampling.top_p
-            )
-            tok = int(sample(probs, gen))
-            out.append(tok)
-        outputs.append(out)
-    wall = time.perf_counter() - t0
-    empty = torch.zeros(0, dtype=torch.int64)
-    return GenerationResult(
-        outputs=outputs,
-        rounds=[[] for _ in prompts],
-        position_reached=empty,
-        position_accepted=empty,
-        wall_time_s=wall,
-        target_forwards=forwards,
-        draft_forwards=0,
-    )
-
-
-# --------------------------------------------------------------------------- speculative
+# The helpers' names before they moved to ``request_state.py``.
+_Request = Request
+_validate_prompts, _emit_tokens, _prefill = validate_prompts, emit_tokens, prefill
 
 
 class ReferenceGenerator:
@@ -384,7 +143,7 @@ class ReferenceGenerator:
 
     # ------------------------------------------------------------------ helpers
 
-    def _context(self, reqs: Sequence[_Request]) -> tuple[torch.Tensor, ...]:
+    def _context(self, reqs: Sequence[Request]) -> tuple[torch.Tensor, ...]:
         """Right-aligned context (last W rows when windowed).
 
         Returns ``(hidden [N, C, n*H], positions [N, C], valid [N, C], tokens [N, C])``.
@@ -409,7 +168,7 @@ class ReferenceGenerator:
             tokens[i, c - n :] = torch.tensor(r.tokens[end - n : end], dtype=torch.int64)
         return hidden, positions, valid, tokens
 
-    def _keep_hidden(self, req: _Request, new_rows: torch.Tensor) -> None:
+    def _keep_hidden(self, req: Request, new_rows: torch.Tensor) -> None:
         """Append committed rows; drop rows older than the window (never read again)."""
         req.hidden = torch.cat([req.hidden, new_rows], dim=0)
         window = self.proposer.sliding_window
@@ -432,7 +191,7 @@ class ReferenceGenerator:
         return conf
 
     def _copy_from_context(
-        self, reqs: Sequence[_Request], proposal: DraftProposal
+        self, reqs: Sequence[Request], proposal: DraftProposal
     ) -> tuple[DraftProposal, ContextCopies]:
         """``proposal`` with context copies (their draft distributions one-hot)."""
         history, lengths = pad_histories([r.tokens for r in reqs])
@@ -461,7 +220,7 @@ class ReferenceGenerator:
         (e.g. a rich progress bar's advance) called after every round.
         """
         target, sp = self.target, self.sampling
-        _validate_prompts(prompts, target.spec.vocab_size, max_new_tokens)
+        validate_prompts(prompts, target.spec.vocab_size, max_new_tokens)
         stops = frozenset(int(t) for t in stop_token_ids)
         layer_ids = self.proposer.target_layer_ids
         b = self.proposer.block_size
@@ -472,15 +231,15 @@ class ReferenceGenerator:
         forwards = drafts_run = copies_reached = copies_accepted = 0
         t0 = time.perf_counter()
 
-        reqs: list[_Request] = []
+        reqs: list[Request] = []
         for rid, prompt in enumerate(prompts):
-            tok, cache, captured = _prefill(target, prompt, layer_ids, sp, gen)
+            tok, cache, captured = prefill(target, prompt, layer_ids, sp, gen)
             forwards += 1
-            req = _Request(
+            req = Request(
                 rid=rid, tokens=list(prompt), cache=cache, hidden=captured[:0], hidden_start=0
             )
             self._keep_hidden(req, captured)
-            _emit_tokens(req, [tok], max_new_tokens, stops)
+            emit_tokens(req, [tok], max_new_tokens, stops)
             if req.done:
                 req.cache = None
             reqs.append(req)
@@ -552,7 +311,7 @@ class ReferenceGenerator:
                     r.confidence.append(z[i].detach().float().cpu())
                 anchor_pos = r.anchor_position
                 new = result.tokens[i, : a + 1].tolist()
-                emitted_total += _emit_tokens(r, new, max_new_tokens, stops)
+                emitted_total += emit_tokens(r, new, max_new_tokens, stops)
                 if r.done:
                     r.cache = None  # free memory early; the request is finished
                     continue
