@@ -48,7 +48,7 @@ from dspark_sglang.sglang_integration.server import RunningServer, server_proces
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.helm]
 
-FAULT_EVERY = 7
+FAULT_EVERY = 2  # the default tier drafts in few steps (draft decision): keep faults frequent
 MAX_TOKENS = 16
 SPEC = LoadSpec(clients=32, duration_s=20.0, min_tokens=4, max_tokens=MAX_TOKENS, seed=0)
 
