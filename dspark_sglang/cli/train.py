@@ -53,8 +53,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--init-from",
         type=Path,
         default=None,
-        help="override run.init_from: continue another run's checkpoint (weights, optimizer, "
-        "step) under this config's schedule and data",
+        metavar="PATH",
+        help="override run.init_from: a training run or checkpoint to continue (weights, "
+        "optimizer, step), or a drafter folder (import-drafter / export-drafter output) to "
+        "fine-tune from step 0 (weights only; the config must describe that drafter)",
     )
     p.add_argument(
         "--threads",

@@ -3,7 +3,8 @@
 Each holds the drafter (``drafter/``, the drafter's own save format) and ``train_state.pt``
 (optimizer, scheduler and RNG states, the position in the batch plan and the config).
 A directory only gets its ``step-*`` name once complete, so an interrupted write is
-never mistaken for a checkpoint.
+never mistaken for a checkpoint. ``run.init_from`` names such a checkpoint (or its run) to
+continue it, or a drafter folder to start from its weights (``init_checkpoint``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from dspark_sglang.training.config import TrainConfig
-from dspark_sglang.training.drafters import Drafter, save_any_drafter
+from dspark_sglang.training.drafters import Drafter, is_drafter_folder, save_any_drafter
 
 STATE_FILE = "train_state.pt"
 DRAFTER_DIR = "drafter"
@@ -31,18 +32,27 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 
 
 def init_checkpoint(cfg: TrainConfig) -> Path:
-    """The checkpoint ``run.init_from`` names, checked against this config.
+    """What ``run.init_from`` names: a training checkpoint (with ``STATE_FILE``), checked
+    against this config, or a drafter folder (``is_drafter_folder``; the trainer checks it
+    against this run's drafter with ``load_init_drafter``).
 
-    Only the schedule and the data may differ from the source run: a different drafter
-    would load weights into the wrong shapes (or silently keep the source's model).
+    From a checkpoint only the schedule and the data may differ from the source run: a
+    different drafter would load weights into the wrong shapes (or silently keep the
+    source's model).
     """
     assert cfg.run.init_from is not None
     src = Path(cfg.run.init_from)
     ckpt = src if (src / STATE_FILE).exists() else latest_checkpoint(src)
+    if ckpt is None and is_drafter_folder(src):
+        return src
     if ckpt is None:
+        missing = "" if src.exists() else " (it does not exist)"
         raise FileNotFoundError(
-            f"run.init_from={src} is neither a checkpoint (with {STATE_FILE}) nor a run "
-            "directory with checkpoints/step-*; point it at a finished training run"
+            f"run.init_from={src}{missing} is neither a training run or checkpoint (a run's "
+            f"out_dir with checkpoints/step-*, or a step-* folder with {STATE_FILE}: weights, "
+            "optimizer and step carry over) nor a drafter folder (config.json + "
+            "model.safetensors, as import-drafter and export-drafter write it: its weights "
+            "start a fresh run); point it at one of them"
         )
     src_cfg_path = ckpt.parent.parent / "config.json"
     if src_cfg_path.exists():

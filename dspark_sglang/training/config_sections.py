@@ -117,7 +117,10 @@ class RunConfig:
     threads: int = 2
     seed: int = 0
     # Continue another run (its out_dir, or one of its checkpoints/step-N): weights, optimizer
-    # moments and step count carry over, the LR schedule and the data are this config's.
+    # moments and step count carry over, the LR schedule and the data are this config's. Or
+    # start from a drafter folder (config.json + model.safetensors: import-drafter's or
+    # export-drafter's output): its weights only, then a fresh run from step 0; the drafter
+    # and target sections must describe that drafter.
     init_from: str | None = None
     # Mixed precision for the drafter's forward: bfloat16 runs its matmuls (most of all the
     # full-vocabulary LM head) on AMX; weights, optimizer state and the loss stay float32.
@@ -144,8 +147,8 @@ class RunConfig:
             not isinstance(self.init_from, str) or not self.init_from
         ):
             raise ValueError(
-                "run.init_from must be a run directory or checkpoint path, got "
-                f"{self.init_from!r}; omit it to start from random weights"
+                "run.init_from must be the path of a training run, a checkpoint or a drafter "
+                f"folder, got {self.init_from!r}; omit it to start from random weights"
             )
         for name in ("checkpoint_every", "keep_checkpoints", "log_every", "threads"):
             check_int("run", name, getattr(self, name))

@@ -19,7 +19,8 @@ run rebuilds the same plan and skips the batches already done; the checkpoint
 holds drafter weights (through the drafter's own save function), optimizer,
 scheduler and RNG states, and the position in the plan. Resumed and
 uninterrupted runs therefore produce identical weights (a test checks bitwise
-equality on CPU with fixed threads).
+equality on CPU with fixed threads). ``run.init_from`` continues another run's
+checkpoint, or starts from a drafter folder's weights (``drafters.load_init_drafter``).
 
 Devices and processes: ``run.device`` (cpu, cuda, cuda:N) holds the frozen
 embedding / LM head, the drafter and every tensor of a step; ``run.autocast``
@@ -83,7 +84,9 @@ from dspark_sglang.training.distributed import (
 from dspark_sglang.training.drafters import (
     Drafter,
     build_drafter,
+    is_drafter_folder,
     load_any_drafter,
+    load_init_drafter,
     resolve_layer_ids,
     save_any_drafter,
 )
@@ -238,6 +241,18 @@ class Trainer:
         ).to(self.device)
         return drafter, state
 
+    def _init_drafter(self, folder: Path) -> Drafter:
+        """A drafter folder's drafter (``run.init_from``) on this device, once checked."""
+        return load_init_drafter(
+            self.cfg,
+            folder,
+            self.spec,
+            self.hf_config,
+            self.embed_tokens,
+            self.lm_head,
+            self.mask_token_id,
+        ).to(self.device)
+
     def _load_optimizer(
         self, opt: torch.optim.Optimizer, full: dict[str, Any], ctx: DistContext
     ) -> None:
@@ -303,11 +318,16 @@ class Trainer:
                 "new run.out_dir"
             )
         init = init_checkpoint(cfg) if ckpt is None and cfg.run.init_from else None
+        start = None  # a drafter folder: its weights, and a fresh run from step 0
+        if init is not None and is_drafter_folder(init):
+            start, init = init, None
         history: list[dict[str, Any]] = []
         source = ckpt if ckpt is not None else init
         state: dict[str, Any] = {}
         if source is not None:
             drafter, state = self._restore(source)
+        elif start is not None:
+            drafter = self._init_drafter(start)
         else:
             drafter = build_drafter(
                 cfg, self.spec, self.hf_config, self.embed_tokens, self.lm_head, self.mask_token_id
