@@ -22,6 +22,7 @@ def install() -> None:
     from dspark_sglang.sglang_integration import (
         draft_checkpoint,
         dspark_moe,
+        hidden_capture,
         map_step,
         requests,
         round_profile,
@@ -36,5 +37,7 @@ def install() -> None:
     map_step.install()
     scheduler_bridge.install()
     requests.install()
+    # Drafter training data: only when DSPARK_CAPTURE_FINAL_STATE=1 (a capture server).
+    hidden_capture.install()
     # Profiling aid: registers its timing hooks only when DSPARK_PROFILE_ROUNDS is set.
     round_profile.install()

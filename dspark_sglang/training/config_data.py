@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from dspark_sglang.training.config_checks import COMPUTE_DTYPES, check_int
 
-HiddenStatesMode = Literal["cache", "online"]
+HiddenStatesMode = Literal["cache", "online", "sglang"]
 
 
 def check_data_temperature(value: object) -> None:
@@ -36,6 +36,15 @@ GENERATORS = ("hf", "sglang", "openai")
 #: the target and data.seed): refused in data.sglang_args.
 RESERVED_SGLANG_ARGS = frozenset(
     {"model_path", "tokenizer_path", "device", "base_gpu_id", "dtype", "random_seed"}
+)
+#: What ``data.hidden_states: sglang`` sets on the engine itself (``hidden_capture``).
+CAPTURE_SGLANG_ARGS = frozenset(
+    {
+        "enable_return_aux_hidden_states",
+        "speculative_algorithm",
+        "return_aux_hidden_state_layer_ids",
+        "disable_radix_cache",
+    }
 )
 _URL_RE = re.compile(r"https?://[^\s/]+(/[^\s]*)?")
 
@@ -167,8 +176,10 @@ class DataConfig:
     (e.g. ``{enable_thinking: false}`` for Qwen3); ``mask_token_id`` overrides the detected
     drafter mask token (None: the tokenizer's mask token or a known unused special token).
     ``hidden_states``: ``cache`` (the data stage writes a bfloat16 hidden-state cache that
-    the train stage reads) or ``online`` (no cache: the train stage runs the frozen target
-    on every batch; ``training/online.py``).
+    the train stage reads, from a Hugging Face forward of the target), ``sglang`` (the
+    same cache, captured by SGLang's engine in the regeneration pass itself, sharded as
+    ``data.sglang_args.tp_size`` says; ``training/capture_sglang.py``) or ``online`` (no
+    cache: the train stage runs the frozen target on every batch; ``training/online.py``).
     """
 
     dir: str = "runs/data/smollm2"
@@ -211,7 +222,8 @@ class DataConfig:
         if self.hidden_states not in get_args(HiddenStatesMode):
             raise ValueError(
                 f"data.hidden_states must be 'cache' (the data stage caches the target's "
-                "hidden states, the train stage reads them) or 'online' (the train stage "
+                "hidden states, the train stage reads them), 'sglang' (the same cache, "
+                "captured by SGLang in the regeneration pass) or 'online' (the train stage "
                 f"runs the target on every batch, nothing cached), got {self.hidden_states!r}"
             )
         for name in ("num_math", "num_code", "num_chat"):
@@ -293,6 +305,19 @@ class DataConfig:
                 "configures the in-process engine: set data.generator: sglang, or drop it"
             )
         object.__setattr__(self, "sglang_args", dict(args))
+        if self.hidden_states == "sglang":
+            if self.generator != "sglang":
+                raise ValueError(
+                    "data.hidden_states 'sglang' captures the hidden states in SGLang's "
+                    f"regeneration pass, but data.generator is {self.generator!r}: set "
+                    "data.generator: sglang (shard a big target with data.sglang_args.tp_size)"
+                )
+            clash = sorted(set(args) & CAPTURE_SGLANG_ARGS)
+            if clash:
+                raise ValueError(
+                    f"data.sglang_args sets {clash}: data.hidden_states 'sglang' sets these "
+                    "itself (a capture engine at target.layer_ids); drop them"
+                )
 
     def _check_sources(self) -> None:
         raw = self.sources

@@ -209,12 +209,15 @@ def regenerate_responses(
     eos_token_ids: Sequence[int],
     max_batches: int | None = None,
     progress: bool = True,
+    after_shard: Callable[[int, list[ResponseRecord]], None] | None = None,
 ) -> list[ResponseRecord]:
     """Write every not-yet-indexed shard that ``sample`` produces; resumable (module docstring).
 
     Shared by all generators, so the on-disk format (shards, index, manifest) cannot
     depend on who sampled. ``max_batches`` stops after that many *new* batches (used to
-    size runs and to test resumption). Returns all records so far, in prompt order.
+    size runs and to test resumption). ``after_shard(batch, records)`` runs once a shard
+    is indexed (``capture_sglang`` writes its hidden shard there). Returns all records so
+    far, in prompt order.
     """
     root = Path(out_dir) / RESPONSES_DIR
     ids = [p.id for p in prompts]
@@ -263,6 +266,8 @@ def regenerate_responses(
                 name, b, [p.id for p in batch], _sha256(root / name), tokens, round(seconds, 3)
             ),
         )
+        if after_shard is not None:
+            after_shard(b, records)
         bar.update(1)
         bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.0f}")
     bar.close()

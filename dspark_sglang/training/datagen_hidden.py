@@ -28,6 +28,7 @@ from dspark_sglang.training.datagen_store import (
     RESPONSES_DIR,
     SIZE_FILE,
     IndexEntry,
+    ResponseRecord,
     _append_index,
     _atomic_write_bytes,
     _check_manifest,
@@ -131,6 +132,95 @@ def _encode_checked(values: torch.Tensor, dtype: StoredDtype, root: Path) -> np.
     return stored
 
 
+def open_hidden_cache(
+    out_dir: Path,
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    dtype: str | None,
+    extra_manifest: dict[str, object] | None = None,
+) -> tuple[Path, StoredDtype]:
+    """The hidden cache's root and dtype, after printing and storing the size this pass
+    writes and checking (or writing) its manifest; shared by every way states are cached.
+
+    ``extra_manifest`` pins how the states were obtained where that is not the HF forward
+    (``capture_sglang``), so a directory never mixes the two."""
+    root = out_dir / HIDDEN_DIR
+    fmt = _cache_dtype(root, dtype)
+    size = hidden_cache_size(out_dir, len(layer_ids), hidden_size, fmt.name)
+    print(size.line(), flush=True)
+    if fmt.name != DEFAULT_CACHE_DTYPE and dtype is None:
+        print(
+            f"hidden cache: continuing the {fmt.name} cache in {root} (delete it to rewrite "
+            f"in {DEFAULT_CACHE_DTYPE})",
+            flush=True,
+        )
+    manifest: dict[str, object] = {
+        "layer_ids": [int(x) for x in layer_ids],
+        "hidden_size": hidden_size,
+        "dtype": fmt.name,
+        **(extra_manifest or {}),
+    }
+    if fmt.torch_dtype == torch.bfloat16:
+        manifest["storage"] = "uint16 bit patterns of bfloat16"
+    _check_manifest(root, manifest)
+    _atomic_write_bytes(root / SIZE_FILE, json.dumps(size.as_dict(), indent=2).encode())
+    return root, fmt
+
+
+def write_hidden_shard(
+    root: Path,
+    batch: int,
+    recs: Sequence[ResponseRecord],
+    states: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    fmt: StoredDtype,
+    seconds: float,
+) -> None:
+    """Write and index hidden shard ``batch``: ``states[i] = (aux [T_i, n*H], last [T_i, H])``
+    of ``recs[i]``'s prompt + response tokens (layout: ``cache_hidden_states``). The shard
+    is written to a temp folder and renamed before its index line is appended."""
+    seqs = [r.prompt_ids + r.response_ids for r in recs]
+    for s, (aux, last) in zip(seqs, states, strict=True):
+        if aux.shape[0] != len(s) or last.shape[0] != len(s):
+            raise ValueError(
+                f"hidden shard {batch}: {aux.shape[0]} / {last.shape[0]} state rows for a "
+                f"sequence of {len(s)} tokens"
+            )
+    name = f"shard-{batch:05d}"
+    tmp = root / (name + ".tmp")
+    if tmp.exists():
+        for f in tmp.iterdir():
+            f.unlink()
+    tmp.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+    np.save(tmp / "tokens.npy", np.array([t for s in seqs for t in s], dtype=np.int32))
+    np.save(
+        tmp / fmt.file("aux"), np.concatenate([_encode_checked(a, fmt, root) for a, _ in states])
+    )
+    np.save(
+        tmp / fmt.file("last"), np.concatenate([_encode_checked(b, fmt, root) for _, b in states])
+    )
+    np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    np.save(tmp / "response_start.npy", np.array([len(r.prompt_ids) for r in recs], np.int64))
+    (tmp / "ids.json").write_text(json.dumps([r.id for r in recs]))
+    final = root / name
+    if final.exists():  # an unindexed leftover from a crash
+        for f in final.iterdir():
+            f.unlink()
+        final.rmdir()
+    os.replace(tmp, final)
+    _append_index(
+        root,
+        IndexEntry(
+            name,
+            batch,
+            [r.id for r in recs],
+            _shard_digest(final),
+            int(lengths.sum()),
+            round(seconds, 3),
+        ),
+    )
+
+
 def cache_hidden_states(
     model: PreTrainedModel,
     out_dir: str | Path,
@@ -157,26 +247,7 @@ def cache_hidden_states(
     """
     out_dir = Path(out_dir)
     resp_root = out_dir / RESPONSES_DIR
-    root = out_dir / HIDDEN_DIR
-    fmt = _cache_dtype(root, dtype)
-    hidden_size = int(model.config.hidden_size)
-    size = hidden_cache_size(out_dir, len(layer_ids), hidden_size, fmt.name)
-    print(size.line(), flush=True)
-    if fmt.name != DEFAULT_CACHE_DTYPE and dtype is None:
-        print(
-            f"hidden cache: continuing the {fmt.name} cache in {root} (delete it to rewrite "
-            f"in {DEFAULT_CACHE_DTYPE})",
-            flush=True,
-        )
-    manifest: dict[str, object] = {
-        "layer_ids": [int(x) for x in layer_ids],
-        "hidden_size": hidden_size,
-        "dtype": fmt.name,
-    }
-    if fmt.torch_dtype == torch.bfloat16:
-        manifest["storage"] = "uint16 bit patterns of bfloat16"
-    _check_manifest(root, manifest)
-    _atomic_write_bytes(root / SIZE_FILE, json.dumps(size.as_dict(), indent=2).encode())
+    root, fmt = open_hidden_cache(out_dir, layer_ids, int(model.config.hidden_size), dtype)
     done = read_index(root)
     responses = read_index(resp_root)
     model.eval()
@@ -192,8 +263,7 @@ def cache_hidden_states(
     for b, entry in todo:
         recs = _shard_records(resp_root / entry.shard)
         seqs = [r.prompt_ids + r.response_ids for r in recs]
-        aux_parts: list[np.ndarray] = []
-        last_parts: list[np.ndarray] = []
+        states: list[tuple[torch.Tensor, torch.Tensor]] = []
         t0 = time.perf_counter()
         for start in range(0, len(seqs), batch_size):
             chunk = seqs[start : start + batch_size]
@@ -204,40 +274,8 @@ def cache_hidden_states(
                 ids[j, : len(s)] = torch.tensor(s)
                 mask[j, : len(s)] = 1
             aux, last = target_hidden_states(model, ids.to(device), mask.to(device), layer_ids)
-            for j, s in enumerate(chunk):
-                aux_parts.append(_encode_checked(aux[j, : len(s)], fmt, root))
-                last_parts.append(_encode_checked(last[j, : len(s)], fmt, root))
-        seconds = time.perf_counter() - t0
-        name = f"shard-{b:05d}"
-        tmp = root / (name + ".tmp")
-        if tmp.exists():
-            for f in tmp.iterdir():
-                f.unlink()
-        tmp.mkdir(parents=True, exist_ok=True)
-        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-        np.save(tmp / "tokens.npy", np.array([t for s in seqs for t in s], dtype=np.int32))
-        np.save(tmp / fmt.file("aux"), np.concatenate(aux_parts, 0))
-        np.save(tmp / fmt.file("last"), np.concatenate(last_parts, 0))
-        np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        np.save(tmp / "response_start.npy", np.array([len(r.prompt_ids) for r in recs], np.int64))
-        (tmp / "ids.json").write_text(json.dumps([r.id for r in recs]))
-        final = root / name
-        if final.exists():  # an unindexed leftover from a crash
-            for f in final.iterdir():
-                f.unlink()
-            final.rmdir()
-        os.replace(tmp, final)
-        _append_index(
-            root,
-            IndexEntry(
-                name,
-                b,
-                [r.id for r in recs],
-                _shard_digest(final),
-                int(lengths.sum()),
-                round(seconds, 3),
-            ),
-        )
+            states.extend((aux[j, : len(s)], last[j, : len(s)]) for j, s in enumerate(chunk))
+        write_hidden_shard(root, b, recs, states, fmt, time.perf_counter() - t0)
         bar.update(1)
     bar.close()
     return root

@@ -92,7 +92,6 @@ def run_data_stage(
         regenerate_responses,
         throughput,
     )
-    from dspark_sglang.training.distributed import resolve_device
     from dspark_sglang.training.prompts import collect_training_prompts
     from dspark_sglang.training.trainer import resolve_layer_ids
 
@@ -145,33 +144,17 @@ def run_data_stage(
         max_batches=gen_batches,
         progress=progress,
     )
+    layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
     if d.generator == "hf":
         regenerate(hf_sampler(target.model, settings, pad_token_id=pad, eos=target.eos_token_ids))
     elif d.generator == "sglang":
-        from dspark_sglang.training.regen_sglang import EngineSettings, engine_sampler, open_engine
-
-        if target.path is None:
-            raise ValueError(
-                "data.generator 'sglang' starts SGLang on the target's model folder, but this "
-                "target was built in memory; set target.name to an HF model folder"
-            )
-        engine_settings = EngineSettings(
-            model_path=str(target.path),
-            device=str(resolve_device(cfg.run.device)),
-            dtype=d.gen_dtype,
-            seed=d.seed,
-            threads=cfg.run.threads,
-            extra=d.sglang_args,
-        )
-        with open_engine(engine_settings) as engine:
-            regenerate(engine_sampler(engine, settings, target.eos_token_ids, d.max_in_flight))
+        _regenerate_with_engine(cfg, target, settings, regenerate, layer_ids)
     else:
         from dspark_sglang.training.regen_openai import server_sampler
 
         regenerate(
             server_sampler(d.generator_urls, settings, target.eos_token_ids, d.max_in_flight)
         )
-    layer_ids = resolve_layer_ids(cfg, target.spec.num_layers)
     gen = throughput(Path(d.dir) / RESPONSES_DIR)
     figures: dict[str, Any] = {
         "hidden_states": d.hidden_states,
@@ -184,7 +167,7 @@ def run_data_stage(
             "[data] data.hidden_states: online: no hidden cache written (the train stage "
             f"runs the target on every batch); a cache would take: {would.line()}"
         )
-    else:
+    elif d.hidden_states == "cache":
         cache_hidden_states(
             target.model,
             d.dir,
@@ -193,6 +176,7 @@ def run_data_stage(
             pad_token_id=pad,
             progress=progress,
         )
+    if d.hidden_states != "online":
         hid = throughput(Path(d.dir) / HIDDEN_DIR)
         figures["hidden_tokens"] = hid["tokens"]
         figures["hidden_tokens_per_s"] = hid["tokens_per_s"]
@@ -205,6 +189,46 @@ def run_data_stage(
     )
     print(f"[data] generation {gen['tokens_per_s']:.1f} tok/s, {hidden}")
     return figures
+
+
+def _regenerate_with_engine(
+    cfg: TrainConfig, target, settings: Any, regenerate: Any, layer_ids: list[int]
+) -> None:
+    """``data.generator: sglang``: regenerate with SGLang's in-process engine; with
+    ``data.hidden_states: sglang`` it is a capture engine whose regeneration pass also
+    writes the hidden cache (``capture_sglang``)."""
+    from dspark_sglang.sglang_integration.hidden_capture import capture_env, capture_server_args
+    from dspark_sglang.training.capture_sglang import CaptureWriter, capture_sampler, fill_missing
+    from dspark_sglang.training.distributed import resolve_device
+    from dspark_sglang.training.regen_sglang import EngineSettings, engine_sampler, open_engine
+
+    d = cfg.data
+    if target.path is None:
+        raise ValueError(
+            "data.generator 'sglang' starts SGLang on the target's model folder, but this "
+            "target was built in memory; set target.name to an HF model folder"
+        )
+    capture = d.hidden_states == "sglang"
+    engine_settings = EngineSettings(
+        model_path=str(target.path),
+        device=str(resolve_device(cfg.run.device)),
+        dtype=d.gen_dtype,
+        seed=d.seed,
+        threads=cfg.run.threads,
+        extra={**d.sglang_args, **(capture_server_args(layer_ids) if capture else {})},
+        env=capture_env() if capture else {},
+    )
+    eos = target.eos_token_ids
+    with open_engine(engine_settings) as engine:
+        if not capture:
+            regenerate(engine_sampler(engine, settings, eos, d.max_in_flight))
+            return
+        writer = CaptureWriter(Path(d.dir), layer_ids, target.spec.hidden_size)
+        sampler = capture_sampler(engine, settings, eos, d.max_in_flight, writer)
+        regenerate(sampler, after_shard=writer.after_shard)
+        filled = fill_missing(engine, writer, d.max_in_flight)
+        if filled:
+            print(f"[data] captured {filled} response shard(s) without hidden states by prefill")
 
 
 def run_train_stage(cfg: TrainConfig, target, resume: bool, progress: bool) -> Any:

@@ -114,7 +114,8 @@ def engine_sampler(
 class EngineSettings:
     """How the in-process engine is started: the target folder on ``device`` (cpu, cuda or
     cuda:N) at ``dtype``, SGLang's RNG seeded with ``seed``, ``threads`` OpenMP threads per
-    CPU scheduler, plus ``extra`` ``sglang.Engine`` arguments (``data.sglang_args``)."""
+    CPU scheduler, plus ``extra`` ``sglang.Engine`` arguments (``data.sglang_args``) and
+    ``env``, set in the engine's processes (a capture engine's, ``capture_sglang``)."""
 
     model_path: str
     device: str = "cpu"
@@ -122,6 +123,7 @@ class EngineSettings:
     seed: int = 0
     threads: int = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """``sglang.Engine`` arguments for a GPU (the CPU path uses ``CpuEngineSpec``)."""
@@ -159,9 +161,10 @@ def open_engine(settings: EngineSettings) -> Iterator[Any]:
                 **dict(settings.extra),
             },
             omp_threads=settings.threads,
+            env=dict(settings.env),
         )
         with cpu_engine(spec) as engine:
             yield engine
     else:
-        with managed_engine(settings.engine_kwargs(), {}) as engine:
+        with managed_engine(settings.engine_kwargs(), dict(settings.env)) as engine:
             yield engine
