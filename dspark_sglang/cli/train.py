@@ -99,7 +99,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--gen-batches must be >= 0, got {args.gen_batches}")
     progress = not args.no_progress
     t0 = time.perf_counter()
-    target = load_target(cfg)
+    stages = ("data", "train") if args.stage == "all" else (args.stage,)
+    target = load_target(cfg, stages)
     if args.stage in ("data", "all"):
         run_data_stage(cfg, target, args.limit_prompts, progress, args.gen_batches)
     if args.stage in ("train", "all"):

@@ -25,6 +25,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from dspark_sglang.model.config import TargetSpec
+from dspark_sglang.targets.heads import heads_only_model
 
 # Special tokens that never occur in chat text, in order of preference. SmolLM2's
 # vocabulary reserves 17 special tokens (ids 0-16) for its pre-training formats;
@@ -63,7 +64,9 @@ class HFTarget:
     """Frozen causal LM + tokenizer with incremental, hidden-capturing forwards.
 
     ``forward`` works on one sequence (batch 1) with its own ``DynamicCache``:
-    ragged speculative rounds keep one cache per request.
+    ragged speculative rounds keep one cache per request. ``weights="heads"`` loads only
+    the embedding and LM head (``targets.heads``): enough to train from a hidden-state
+    cache or export a drafter, for a target too big for one device; a forward raises.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class HFTarget:
         *,
         name: str | None = None,
         device: str | torch.device = "cpu",
+        weights: str = "full",
     ) -> None:
         if num_threads is not None:
             if num_threads < 1:
@@ -86,7 +90,12 @@ class HFTarget:
                 "(for SmolLM2 use dspark_sglang.targets.smollm2.ensure_smollm2())"
             )
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device)
+        if weights == "heads":
+            model = heads_only_model(folder, dtype, device)
+        elif weights == "full":
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device)
+        else:
+            raise ValueError(f"HFTarget weights must be 'full' or 'heads', got {weights!r}")
         self._setup(model, tokenizer, name or target_name_of(folder), folder)
 
     @classmethod
@@ -122,7 +131,7 @@ class HFTarget:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.embed_tokens.weight.device
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -5,7 +5,8 @@ JSONL files; skipped rows and prompts counted per reason in ``sources.json``), c
 they are disjoint from the eval sets, has the target regenerate responses
 (``data.temperature``, 1 unless set; with HF ``generate``, SGLang's in-process
 ``Engine`` or running SGLang servers, ``data.generator``) and caches hidden states
-(bfloat16; skipped with ``data.hidden_states: online``);
+(bfloat16: from a Hugging Face forward, or captured by SGLang in the regeneration pass
+with ``data.hidden_states: sglang``; skipped with ``online``);
 ``run_train_stage`` trains the configured drafter on that cache, or with ``online`` on
 the responses, running the frozen target inside each step. Both resume where
 they stopped (data: per shard; training: ``resume=True`` from the latest checkpoint).
@@ -21,7 +22,13 @@ from typing import Any
 from dspark_sglang.training.config import TrainConfig
 from dspark_sglang.training.precision import warn_emulated_bf16
 
-__all__ = ["load_target", "resolve_mask_token_id", "run_data_stage", "run_train_stage"]
+__all__ = [
+    "load_target",
+    "resolve_mask_token_id",
+    "run_data_stage",
+    "run_train_stage",
+    "target_weights",
+]
 
 #: Per-source prompt counts and skipped rows of the last data stage, in ``data.dir``.
 SOURCES_FILE = "sources.json"
@@ -49,9 +56,22 @@ def resolve_mask_token_id(cfg: TrainConfig, target) -> int:
         ) from exc
 
 
-def load_target(cfg: TrainConfig):
+def target_weights(cfg: TrainConfig, stages: tuple[str, ...]) -> str:
+    """``full`` where a stage runs the target here (the HF generator, the HF hidden pass,
+    online states), else ``heads``: the embedding and LM head are all the train stage
+    reads from a cache, so a target captured by SGLang never has to fit this device."""
+    d = cfg.data
+    runs_here = ("data" in stages and (d.generator == "hf" or d.hidden_states == "cache")) or (
+        "train" in stages and d.hidden_states == "online"
+    )
+    return "full" if runs_here else "heads"
+
+
+def load_target(cfg: TrainConfig, stages: tuple[str, ...] = ("data", "train")):
     """The configured target (``smollm2`` = the converted PyPI GGUF, else an HF folder),
-    loaded at ``run.target_dtype`` on ``run.device`` (this process's GPU under torchrun)."""
+    loaded at ``run.target_dtype`` on ``run.device`` (this process's GPU under torchrun):
+    whole, or its embedding and LM head only where ``stages`` need no more
+    (``target_weights``)."""
     import torch
 
     from dspark_sglang.targets.hf_target import HFTarget
@@ -65,6 +85,7 @@ def load_target(cfg: TrainConfig):
         dtype=getattr(torch, cfg.run.target_dtype),
         num_threads=cfg.run.threads,
         device=device,
+        weights=target_weights(cfg, stages),
     )
 
 

@@ -327,3 +327,19 @@ def test_the_data_stage_writes_the_cache_from_the_regeneration_pass(
     assert figures["hidden_tokens"] == sum(cap.seq_lens)
     ref = _hf_cache(tiny_chat_model, tmp_path / "data", tmp_path / "hf", [0, 1, 2])
     _assert_same_states(cap, ref, 3, tiny_chat_model.spec.hidden_size)
+    # The train stage reads the captured cache with only the target's two heads in memory,
+    # and trains exactly as with the whole target.
+    from dspark_sglang.training.pipeline import load_target, run_train_stage
+
+    heads = load_target(cfg, ("data", "train"))
+    assert heads.model.get_decoder().layers[0].mlp.down_proj.weight.is_meta
+    runs = []
+    for i, target in enumerate((heads, tiny_chat_model)):
+        over = cfg.with_overrides(
+            optim={"warmup_steps": 1, "max_steps": 2},
+            run={"out_dir": str(tmp_path / f"run{i}")},
+        )
+        runs.append(run_train_stage(over, target, resume=False, progress=False))
+    assert [(r.first_loss, r.last_loss) for r in runs[:1]] == [
+        (r.first_loss, r.last_loss) for r in runs[1:]
+    ]
