@@ -60,14 +60,20 @@ def _read(
 
 
 def heads_only_model(
-    folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> PreTrainedModel:
     """The causal LM of ``folder`` with its embedding and LM head loaded, the rest on
-    ``meta`` (module docstring). Raises ``ValueError`` naming the missing tensor when the
-    checkpoint does not store them under the module's own names."""
+    ``meta`` (module docstring). ``dtype`` None is ``from_pretrained``'s default: the
+    checkpoint's own (``config.json``'s ``dtype``), float32 where it names none. Raises
+    ``ValueError`` naming the missing tensor when the checkpoint does not store them under
+    the module's own names."""
     folder = Path(folder)
     device = torch.device(device)
     config = AutoConfig.from_pretrained(str(folder))
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     files = _files_by_key(folder)

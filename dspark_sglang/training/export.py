@@ -57,18 +57,25 @@ class ExportResult:
     narrowed_to_greedy_map: int | None = None
 
 
-def load_target(target: str) -> tuple[Any, Any]:
-    """``(HF model, TargetSpec)`` of ``--target``: ``smollm2`` or an HF model folder."""
-    from transformers import AutoModelForCausalLM
-
+def load_target(target: str, whole: bool = False) -> tuple[Any, Any]:
+    """``(HF model, TargetSpec)`` of ``--target``: ``smollm2`` or an HF model folder, with
+    only its embedding and LM head in memory (``targets.heads``) unless ``whole``: all a
+    drafter's export, import or check reads, so a target sharded for serving never has to
+    fit here. ``whole`` loads every weight (a ranking that runs the target)."""
     from dspark_sglang.model.config import TargetSpec
+    from dspark_sglang.targets.heads import heads_only_model
     from dspark_sglang.targets.hf_target import target_name_of
     from dspark_sglang.targets.smollm2 import ensure_smollm2
 
     path = ensure_smollm2() if target == "smollm2" else Path(target)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"--target {path}: no config.json; pass an HF model folder")
-    model = AutoModelForCausalLM.from_pretrained(str(path))
+    if whole:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+    else:
+        model = heads_only_model(path)
     return model, TargetSpec.from_hf_config(model.config, name=target_name_of(path))
 
 
@@ -144,7 +151,9 @@ def export_drafter(
                 f"{flag_name} has {cal.block_size} temperatures but the drafter's block size "
                 f"is {ckpt.block_size}; fit STS on this drafter's rollouts"
             )
-    model, spec = load_target(target)
+    maps = draft_vocab_size is not None or greedy_draft_vocab_size is not None
+    runs_target = draft_vocab_by == "mass" and maps and draft_vocab_data is not None
+    model, spec = load_target(target, whole=runs_target)
     drafter = load_drafter(
         ckpt.folder, spec, model.get_input_embeddings(), model.get_output_embeddings()
     )
