@@ -18,11 +18,31 @@ batches; this measures what it buys on the same prompts, side by side in one pro
   tokens written (up to EOS) over the pass's wall time. Median and range over
   ``--repeats``.
 
+``--compare hidden`` times the hidden-state pass (key ``hidden_pass``), same prompts and
+settings but temperature 0: both sides decode greedily, so their caches can be compared:
+
+* ``sglang+hf_forward`` (``data.hidden_states: cache``): a plain engine regenerates
+  (``engine_sampler``) and is shut down, then ``cache_hidden_states`` runs the HF target
+  at ``--dtype`` (batches of ``--hidden-batch``) into the same folder; seconds are both.
+* ``sglang_capture`` (``data.hidden_states: sglang``): a capture engine
+  (``capture_server_args``) regenerates with ``capture_sampler`` and a ``CaptureWriter``,
+  then ``fill_missing`` (writes nothing); seconds are that pass.
+* Layers: what the data stage resolves for SmolLM2 (1, 8, 14, 20, 27, the embedded
+  drafter's) and the final-normed state, cached in bfloat16. Each repeat runs both, the
+  first alternating, each on a fresh engine (start-up apart, untimed warm-up); the HF
+  forward is warmed up once. Reported: new tokens/s and sequence (prompt + response)
+  tokens cached/s, median and range; capture / (regeneration + HF forward); per repeat
+  the caches' ids, token counts and tokens, and per layer the largest absolute difference
+  over the layer's RMS and the relative L2 difference, on the rows computed from the same
+  tokens (before a sequence's first differing token: bfloat16 greedy decoding on the two
+  engines can part; not the last token's row, which SGLang never forwards).
+
 Usage: ``python benchmarks/datagen_speed.py [--prompts 48] [--new-tokens 128]
-[--repeats 3] [--out FILE]``. Without ``--out`` the JSON goes to a fresh run folder,
-``<cache>/runs/bench/datagen_speed-<UTC time>/datagen_speed.json``; the committed result
-is ``--out benchmarks/results/datagen_speed.json``. Timings on shared machines are noisy:
-the JSON records the load average; read the ratio.
+[--repeats 3] [--compare generators|hidden] [--out FILE]``. Without ``--out`` the JSON
+goes to a fresh run folder, ``<cache>/runs/bench/datagen_speed-<UTC time>/datagen_speed.json``;
+the committed result is ``--out benchmarks/results/datagen_speed.json``. Each comparison
+rewrites only its own part of an existing ``--out`` (``hidden_pass``, or every other key).
+Timings on shared machines are noisy: the JSON records the load average; read the ratio.
 """
 
 from __future__ import annotations
@@ -30,10 +50,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata as md
+import json
 import os
+import shlex
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +67,9 @@ import torch
 from dspark_sglang.results import default_out, dump_json, software_versions
 
 GENERATORS = ("hf", "sglang")
+HIDDEN_PASSES = ("sglang+hf_forward", "sglang_capture")
+#: The JSON key of ``--compare hidden``'s result.
+HIDDEN_KEY = "hidden_pass"
 
 
 def encoded_prompts(target: Any, n: int) -> list[Any]:
@@ -75,43 +103,79 @@ def timed_pass(sampler: Any, prompts: list[Any], settings: Any, eos: list[int]) 
     }
 
 
-def summary(runs: list[dict]) -> dict[str, float]:
-    tps = [r["tokens_per_s"] for r in runs]
-    return {"median": statistics.median(tps), "min": min(tps), "max": max(tps)}
+def summary(runs: list[dict], key: str = "tokens_per_s") -> dict[str, float]:
+    return spread([r[key] for r in runs])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=48)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads, both sides")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-    ap.add_argument("--hf-batch", type=int, default=16, help="HF generate batch (gen_batch_size)")
-    ap.add_argument("--max-in-flight", type=int, default=48, help="SGLang requests at once")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="result JSON (default: datagen_speed.json in a fresh run folder, "
-        "<cache>/runs/bench/datagen_speed-<UTC time>/)",
-    )
-    args = ap.parse_args()
-    for name in ("prompts", "new_tokens", "repeats", "threads", "hf_batch", "max_in_flight"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
-    from dspark_sglang.targets.hf_target import HFTarget
-    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+def compare_caches(
+    ref_dir: Path, got_dir: Path, layer_ids: Sequence[int], hidden_size: int
+) -> dict[str, Any]:
+    """``got_dir``'s hidden cache against ``ref_dir``'s (module docstring, ``--compare
+    hidden``): ids, token counts, tokens, and per layer the largest absolute difference
+    over the reference layer's RMS and the relative L2 difference."""
+    from dspark_sglang.training.dataset import HiddenCache
+
+    ref, got = HiddenCache(ref_dir), HiddenCache(got_dir)
+    names = [f"layer_{lid}" for lid in layer_ids] + ["last"]
+    # Per layer: the largest |difference|, the sum of squared differences, of squared refs.
+    stats = torch.zeros(3, len(names), dtype=torch.float64)
+    rows = identical = 0
+    same_ids = ref.ids == got.ids
+    for i in range(len(ref)) if same_ids else ():
+        a, b = ref[i], got[i]
+        n = min(len(a.tokens), len(b.tokens))
+        differ = (a.tokens[:n] != b.tokens[:n]).nonzero()
+        first = int(differ[0, 0]) if len(differ) else n
+        identical += first == n and len(a.tokens) == len(b.tokens)
+        m = min(first, len(a.tokens) - 1, len(b.tokens) - 1)
+        if m < 1:
+            continue
+        rows += m
+        x, y = (
+            torch.cat([s.aux[:m], s.last[:m]], -1).double().view(m, -1, hidden_size) for s in (a, b)
+        )
+        stats[0] = torch.maximum(stats[0], (y - x).abs().amax((0, 2)))
+        stats[1] += (y - x).pow(2).sum((0, 2))
+        stats[2] += x.pow(2).sum((0, 2))
+    rms = (stats[2] / max(rows * hidden_size, 1)).sqrt()
+    over_rms = torch.where(rms > 0, stats[0] / rms, 0.0).tolist()
+    rel_l2 = torch.where(stats[2] > 0, (stats[1] / stats[2]).sqrt(), 0.0).tolist()
+    states = {
+        name: {"max_abs_over_rms": o, "rel_l2": r}
+        for name, o, r in zip(names, over_rms, rel_l2, strict=True)
+    }
+    return {
+        "same_ids": same_ids,
+        "same_token_counts": same_ids and ref.seq_lens == got.seq_lens,
+        "identical_sequences": identical,
+        "sequences": len(ref),
+        "rows_compared": rows,
+        "states": states,
+        "max_abs_over_rms": max(s["max_abs_over_rms"] for s in states.values()),
+        "max_rel_l2": max(s["rel_l2"] for s in states.values()),
+    }
+
+
+def write_result(out: Path, result: dict[str, Any], key: str | None) -> None:
+    """Write ``result`` to ``out``, keeping what the other comparison wrote there: under
+    ``key`` (the rest of an existing file kept), or as the whole file but ``HIDDEN_KEY``."""
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    if key is None:
+        body = {**result, **({HIDDEN_KEY: old[HIDDEN_KEY]} if HIDDEN_KEY in old else {})}
+    else:
+        body = {**old, key: result}
+    dump_json(out, body)
+
+
+def compare_generators(args: argparse.Namespace, path: Path, prompts: list, target: Any) -> dict:
+    """HF ``generate`` vs the SGLang engine (module docstring)."""
     from dspark_sglang.training.datagen import GenerationSettings, hf_sampler
     from dspark_sglang.training.regen_sglang import EngineSettings, engine_sampler, open_engine
 
-    torch.set_num_threads(args.threads)
-    path = ensure_smollm2()
-    target = HFTarget(path, num_threads=args.threads)
-    prompts = encoded_prompts(target, args.prompts)
     eos = list(target.eos_token_ids)
     pad = target.tokenizer.pad_token_id
     pad = eos[0] if pad is None else int(pad)
@@ -195,9 +259,239 @@ def main() -> int:
         f"sglang / hf: {result['speedup_median']:.2f}x (engine start-up "
         f"{result['sglang_startup_s']} s, not counted)"
     )
+    return result
+
+
+def compare_hidden(args: argparse.Namespace, path: Path, prompts: list, target: Any) -> dict:
+    """Regeneration + HF forward vs regeneration with SGLang's capture (module docstring)."""
+    from dspark_sglang.model.config_target import default_target_layer_ids
+    from dspark_sglang.sglang_integration.hidden_capture import capture_env, capture_server_args
+    from dspark_sglang.training.capture_sglang import CaptureWriter, capture_sampler, fill_missing
+    from dspark_sglang.training.datagen import (
+        GenerationSettings,
+        cache_hidden_states,
+        regenerate_responses,
+        target_hidden_states,
+    )
+    from dspark_sglang.training.regen_sglang import EngineSettings, engine_sampler, open_engine
+
+    eos = list(target.eos_token_ids)
+    pad = target.tokenizer.pad_token_id
+    pad = eos[0] if pad is None else int(pad)
+    hidden = target.spec.hidden_size
+    layer_ids = list(default_target_layer_ids(target.spec.num_layers))
+    settings = GenerationSettings(
+        max_new_tokens=args.new_tokens,
+        batch_size=args.hf_batch,
+        temperature=0.0,
+        seed=args.seed,
+        dtype=args.dtype,
+        generator="sglang",
+    )
+    warm = dataclasses.replace(settings, max_new_tokens=4)
+    mif = args.max_in_flight
+    plain = EngineSettings(
+        model_path=str(path), dtype=args.dtype, seed=args.seed, threads=args.threads
+    )
+    capture = dataclasses.replace(plain, extra=capture_server_args(layer_ids), env=capture_env())
+    result: dict[str, Any] = {
+        "settings": {
+            "target": "smollm2 (SmolLM2-135M-Instruct)",
+            "prompts": f"first {args.prompts} GSM8K train questions, chat template applied",
+            "num_prompts": len(prompts),
+            "prompt_tokens_mean": sum(len(p.prompt_ids) for p in prompts) / len(prompts),
+            "max_new_tokens": args.new_tokens,
+            "sampling": "temperature 0, stop at EOS",
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "shard_size": args.hf_batch,
+            "max_in_flight": args.max_in_flight,
+            "hidden_batch": args.hidden_batch,
+            "layer_ids": layer_ids,
+            "cache_dtype": "bfloat16",
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "order": "an untimed HF forward warm-up, then each repeat both passes, "
+            "sglang+hf_forward first in the 1st, 3rd, ... repeat; each on a fresh engine "
+            "(start-up timed apart, an untimed warm-up of 2 prompts x 4 tokens)",
+            "sglang+hf_forward": "plain engine regenerates, is shut down, then "
+            f"cache_hidden_states, HF target at {args.dtype}; seconds = both",
+            "sglang_capture": "capture engine regenerates with capture_sampler + "
+            "CaptureWriter, then fill_missing; seconds = that pass",
+            "sglang_engine": "CPU engine (intel_amx attention, pytorch sampling)",
+        },
+        "versions": {**software_versions(), "sglang": md.version("sglang")},
+        "loadavg_start": os.getloadavg(),
+    }
+    runs: dict[str, list[dict]] = {p: [] for p in HIDDEN_PASSES}
+    checks: list[dict] = []
+
+    def regenerate(sampler: Any, todo: list, folder: Path, gen: Any, **kw: Any) -> list:
+        return regenerate_responses(
+            sampler, todo, folder, gen, pad_token_id=pad, eos_token_ids=eos, progress=False, **kw
+        )
+
+    def sample(engine: Any, gen: Any, todo: list, folder: Path, cap: bool) -> tuple:
+        if not cap:
+            return regenerate(engine_sampler(engine, gen, eos, mif), todo, folder, gen), {}
+        writer = CaptureWriter(folder, layer_ids, target.spec)
+        sampler = capture_sampler(engine, gen, eos, mif, writer)
+        recs = regenerate(sampler, todo, folder, gen, after_shard=writer.after_shard)
+        return recs, {"filled": fill_missing(engine, writer, mif)}
+
+    def engine_pass(folder: Path, cap: bool) -> dict[str, Any]:
+        """A fresh engine, warmed up untimed, regenerates into ``folder``, timed."""
+        t0 = time.perf_counter()
+        with open_engine(capture if cap else plain) as engine, tempfile.TemporaryDirectory() as tmp:
+            run: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1)}
+            sample(engine, warm, prompts[:2], Path(tmp), cap)
+            t0 = time.perf_counter()
+            recs, extra = sample(engine, settings, prompts, folder, cap)
+            run["seconds"] = time.perf_counter() - t0
+        run["tokens"] = sum(len(r.response_ids) for r in recs)
+        run["seq_tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in recs)
+        return {**run, "finished": sum(r.finished for r in recs), **extra}
+
+    def with_hf_forward(folder: Path) -> dict[str, Any]:
+        run = engine_pass(folder, cap=False)
+        t0 = time.perf_counter()
+        hf_kw = {"batch_size": args.hidden_batch, "pad_token_id": pad, "progress": False}
+        cache_hidden_states(target.model, folder, layer_ids, **hf_kw)
+        hf_s = time.perf_counter() - t0
+        run.update(regen_s=run["seconds"], hf_forward_s=hf_s, seconds=run["seconds"] + hf_s)
+        run["regen_tokens_per_s"] = run["tokens"] / run["regen_s"]
+        return run
+
+    passes = {HIDDEN_PASSES[0]: with_hf_forward, HIDDEN_PASSES[1]: partial(engine_pass, cap=True)}
+
+    def report(rep: int, name: str, run: dict) -> None:
+        run["tokens_per_s"] = run["tokens"] / run["seconds"]
+        run["seq_tokens_per_s"] = run["seq_tokens"] / run["seconds"]
+        runs[name].append(run)
+        print(
+            f"repeat {rep + 1}/{args.repeats} {name:<18} {run['tokens']:>6} tokens "
+            f"{run['seconds']:>8.1f} s {run['tokens_per_s']:>7.1f} tok/s "
+            f"{run['seq_tokens_per_s']:>8.1f} seq tok/s (start-up {run['startup_s']} s)",
+            flush=True,
+        )
+
+    # Untimed: first-call kernel set-up is not the HF forward's speed.
+    ids = torch.tensor([prompts[0].prompt_ids])
+    target_hidden_states(target.model, ids, torch.ones_like(ids), layer_ids)
+    for rep in range(args.repeats):
+        order = HIDDEN_PASSES if rep % 2 == 0 else HIDDEN_PASSES[::-1]
+        with tempfile.TemporaryDirectory(prefix="datagen_hidden-") as tmp:
+            folders = {name: Path(tmp) / name.replace("+", "_") for name in HIDDEN_PASSES}
+            for name in order:
+                report(rep, name, passes[name](folders[name]))
+            checks.append(compare_caches(*folders.values(), layer_ids, hidden))
+        c = checks[-1]
+        print(
+            f"caches: same ids {c['same_ids']}, token counts {c['same_token_counts']}, "
+            f"{c['identical_sequences']}/{c['sequences']} identical; states max |diff| / rms "
+            f"{c['max_abs_over_rms']:.3g}, rel L2 {c['max_rel_l2']:.3g}"
+        )
+    result["loadavg_end"] = os.getloadavg()
+    result["runs"] = runs
+    result["cache_checks"] = checks
+    for key in ("tokens_per_s", "seq_tokens_per_s"):
+        result[key] = {p: summary(runs[p], key) for p in HIDDEN_PASSES}
+    result["regen_tokens_per_s"] = summary(runs[HIDDEN_PASSES[0]], "regen_tokens_per_s")
+    result["hf_forward_s"] = summary(runs[HIDDEN_PASSES[0]], "hf_forward_s")
+    result["startup_s"] = {p: [r["startup_s"] for r in runs[p]] for p in HIDDEN_PASSES}
+    med = result["tokens_per_s"]
+    result["ratio_median"] = med["sglang_capture"]["median"] / med["sglang+hf_forward"]["median"]
+    result["ratio_per_repeat"] = spread(
+        [c["tokens_per_s"] / h["tokens_per_s"] for h, c in zip(*runs.values(), strict=True)]
+    )
+    result["command"] = "python benchmarks/datagen_speed.py " + shlex.join(sys.argv[1:])
+
+    print(
+        f"\n{'pass':<18} {'tok/s median':>13} {'range':>15} {'seq tok/s':>10} {'range':>17} "
+        f"{'s/run':>7}"
+    )
+    for p in HIDDEN_PASSES:
+        s, q = med[p], result["seq_tokens_per_s"][p]
+        seconds = statistics.median(r["seconds"] for r in runs[p])
+        print(
+            f"{p:<18} {s['median']:>13.1f} {s['min']:>7.1f} - {s['max']:<5.1f} "
+            f"{q['median']:>10.1f} {q['min']:>8.1f} - {q['max']:<6.1f} {seconds:>7.1f}"
+        )
+    r = result["ratio_per_repeat"]
+    print(
+        f"capture / (regen + hf forward): {result['ratio_median']:.2f}x (per repeat "
+        f"{r['min']:.2f} - {r['max']:.2f}); regeneration alone "
+        f"{result['regen_tokens_per_s']['median']:.1f} tok/s, HF forward "
+        f"{result['hf_forward_s']['median']:.1f} s; engine start-up {result['startup_s']} s, "
+        "not counted"
+    )
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--compare",
+        choices=("generators", "hidden"),
+        default="generators",
+        help="hf vs sglang regeneration, or regeneration + HF forward vs "
+        "SGLang's capture (module docstring)",
+    )
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads, both sides")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    ap.add_argument(
+        "--hf-batch",
+        type=int,
+        default=16,
+        help="HF generate batch (gen_batch_size); the shard size of both",
+    )
+    ap.add_argument("--max-in-flight", type=int, default=48, help="SGLang requests at once")
+    ap.add_argument(
+        "--hidden-batch",
+        type=int,
+        default=8,
+        help="--compare hidden: HF forward batch (data.hidden_batch_size)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: datagen_speed.json in a fresh run folder, "
+        "<cache>/runs/bench/datagen_speed-<UTC time>/)",
+    )
+    args = ap.parse_args()
+    for name in (
+        "prompts",
+        "new_tokens",
+        "repeats",
+        "threads",
+        "hf_batch",
+        "max_in_flight",
+        "hidden_batch",
+    ):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
+    from dspark_sglang.targets.hf_target import HFTarget
+    from dspark_sglang.targets.smollm2 import ensure_smollm2
+
+    torch.set_num_threads(args.threads)
+    path = ensure_smollm2()
+    if args.compare == "hidden":
+        # The HF forward runs at the engines' precision.
+        target = HFTarget(path, dtype=getattr(torch, args.dtype), num_threads=args.threads)
+        result = compare_hidden(args, path, encoded_prompts(target, args.prompts), target)
+    else:
+        target = HFTarget(path, num_threads=args.threads)
+        result = compare_generators(args, path, encoded_prompts(target, args.prompts), target)
     if args.out is None:
         args.out = default_out("datagen_speed", "datagen_speed.json")
-    dump_json(args.out, result)
+    write_result(args.out, result, HIDDEN_KEY if args.compare == "hidden" else None)
     print(f"wrote {args.out}")
     return 0
 

@@ -107,10 +107,12 @@ def check_sequences(
     online: OnlineHiddenStates | None,
     device: torch.device,
     layer_ids: tuple[int, ...],
+    target_name: str | None = None,
 ) -> None:
-    """Refuse sequences that do not fit ``data.hidden_states``: ``cache`` needs a
-    ``HiddenCache`` of ``layer_ids`` and no online target; ``online`` needs
-    ``ResponseSequences`` and an ``OnlineHiddenStates`` of ``layer_ids`` on ``device``."""
+    """Refuse sequences that do not fit ``data.hidden_states``: ``cache`` / ``sglang`` need
+    a ``HiddenCache`` of ``layer_ids`` (of ``target_name``, where its manifest names the
+    target) and no online target; ``online`` needs ``ResponseSequences`` and an
+    ``OnlineHiddenStates`` of ``layer_ids`` on ``device``."""
     if cfg.data.hidden_states == "online":
         if online is None or cache.has_hidden_states:
             raise ValueError(
@@ -139,4 +141,11 @@ def check_sequences(
             raise ValueError(
                 f"the hidden cache holds target layers {cache.layer_ids} but this config "
                 f"uses {layer_ids}; set target.layer_ids to match or regenerate the cache"
+            )
+        cached = getattr(cache, "manifest", {}).get("target")
+        if cached is not None and target_name is not None and cached != target_name:
+            raise ValueError(
+                f"the hidden cache in {cfg.data.dir} holds the states of target {cached!r} but "
+                f"target.name is {target_name!r}; point target.name at that model or data.dir "
+                "at a cache of this one"
             )

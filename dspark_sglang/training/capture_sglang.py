@@ -10,7 +10,8 @@ the whole target outside SGLang's sharding.
 Invariants:
 
 * The cache has the layout and manifest of ``datagen_hidden.cache_hidden_states`` plus
-  ``"captured_by": "sglang"`` (a directory never mixes HF-forward and captured states),
+  ``"captured_by": "sglang"`` (a directory never mixes HF-forward and captured states) and
+  ``"target"`` (the target's name: a rerun or a train stage on another target is refused),
   so ``HiddenCache`` and the trainer read it unchanged.
 * Row ``t`` of a sequence holds the states of token ``t`` (prompt then response), as the
   HF forward's. The last token of every sequence is never forwarded while sampling
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dspark_sglang.model.config import TargetSpec
 from dspark_sglang.sglang_integration.hidden_capture import FINAL_STATE_ENV
 from dspark_sglang.training.datagen import (
     GenerationSettings,
@@ -45,8 +47,8 @@ from dspark_sglang.training.datagen_store import RESPONSES_DIR, _shard_records, 
 from dspark_sglang.training.hidden_format import StoredDtype
 from dspark_sglang.training.regen_sglang import sampling_params, split_seconds, windows
 
-#: What the hidden manifest records for a cache captured here.
-CAPTURED_BY = {"captured_by": "sglang"}
+#: What the hidden manifest records for a cache captured here (with the target's name).
+CAPTURED_BY = "sglang"
 
 States = tuple[torch.Tensor, torch.Tensor]
 
@@ -94,13 +96,18 @@ class CaptureWriter:
     """Writes hidden shard ``b`` once its response shard is indexed (``after_shard``)."""
 
     def __init__(
-        self, out_dir: Path, layer_ids: Sequence[int], hidden_size: int, dtype: str | None = None
+        self,
+        out_dir: Path,
+        layer_ids: Sequence[int],
+        target: TargetSpec,
+        dtype: str | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.num_layers = len(layer_ids)
-        self.hidden_size = int(hidden_size)
+        self.hidden_size = int(target.hidden_size)
+        pinned = {"captured_by": CAPTURED_BY, "target": target.name}
         self.root, self.fmt = open_hidden_cache(
-            self.out_dir, layer_ids, self.hidden_size, dtype, CAPTURED_BY
+            self.out_dir, layer_ids, self.hidden_size, dtype, pinned
         )
         self._pending: dict[int, tuple[list[Any], float]] = {}
 

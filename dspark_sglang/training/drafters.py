@@ -59,8 +59,16 @@ _TARGET_FIELDS = ("vocab_size", "hidden_size", "target_hidden_size", "target_num
 
 
 def resolve_layer_ids(cfg: TrainConfig, num_layers: int) -> tuple[int, ...]:
-    """The target layers every drafter of this config reads (explicit or the default 5)."""
+    """The target layers every drafter of this config reads (explicit or the default 5);
+    an explicit id outside ``[0, num_layers - 2]`` is refused naming ``target.layer_ids``."""
     if cfg.target.layer_ids is not None:
+        bad = [i for i in cfg.target.layer_ids if not 0 <= i < num_layers - 1]
+        if bad:
+            raise ValueError(
+                f"target.layer_ids {list(cfg.target.layer_ids)} has {bad} outside "
+                f"[0, {num_layers - 2}] for this {num_layers}-layer target (the last layer's "
+                "output is the final state, never a context layer)"
+            )
         return cfg.target.layer_ids
     return default_target_layer_ids(num_layers, n=5)
 

@@ -244,7 +244,7 @@ def _regenerate_with_engine(
         if not capture:
             regenerate(engine_sampler(engine, settings, eos, d.max_in_flight))
             return
-        writer = CaptureWriter(Path(d.dir), layer_ids, target.spec.hidden_size)
+        writer = CaptureWriter(Path(d.dir), layer_ids, target.spec)
         sampler = capture_sampler(engine, settings, eos, d.max_in_flight, writer)
         regenerate(sampler, after_shard=writer.after_shard)
         filled = fill_missing(engine, writer, d.max_in_flight)

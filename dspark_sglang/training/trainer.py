@@ -186,7 +186,7 @@ class Trainer:
         self.out_dir = Path(cfg.run.out_dir)
         self.online = online
         layer_ids = resolve_layer_ids(cfg, spec.num_layers)
-        check_sequences(cfg, cache, online, self.device, layer_ids)
+        check_sequences(cfg, cache, online, self.device, layer_ids, spec.name)
 
     def device_batch(self, data: TrainBatch, non_blocking: bool = False) -> TrainBatch:
         """``data`` on ``run.device``, with the target's hidden states when online."""

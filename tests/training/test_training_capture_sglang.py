@@ -11,6 +11,7 @@ off-by-one in the capture convention cannot pass.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,17 @@ def test_capture_settings_are_checked_by_name(data: dict[str, Any], match: str) 
         TrainConfig.from_dict({"name": "x", "data": data})
 
 
+def test_a_layer_id_the_target_cannot_capture_is_refused_naming_the_field() -> None:
+    from dspark_sglang.training.drafters import resolve_layer_ids
+
+    cfg = TrainConfig.from_dict({"name": "x", "target": {"layer_ids": [0, 2, 5]}})
+    assert resolve_layer_ids(cfg, 7) == (0, 2, 5)
+    with pytest.raises(
+        ValueError, match=r"target\.layer_ids \[0, 2, 5\] has \[5\] outside \[0, 4\]"
+    ):
+        resolve_layer_ids(cfg, 6)
+
+
 # --------------------------------------------------------------------------- engines
 
 
@@ -173,7 +185,7 @@ def _capture(
     settings = GenerationSettings(
         max_new_tokens=NEW, batch_size=2, temperature=0.0, generator="sglang"
     )
-    writer = CaptureWriter(out, layer_ids, target.spec.hidden_size)
+    writer = CaptureWriter(out, layer_ids, target.spec)
     regenerate_responses(
         capture_sampler(engine, settings, target.eos_token_ids, kw.pop("in_flight", 8), writer),
         _prompts(target, n),
@@ -260,7 +272,10 @@ def test_capture_under_tensor_parallelism_gives_the_same_cache(
     with tp2 as engine:
         _capture(engine, target, tmp_path / "tp2", layer_ids)
     a, b = HiddenCache(tmp_path / "tp1"), HiddenCache(tmp_path / "tp2")
-    _assert_same_states(b, a, len(layer_ids), target.spec.hidden_size)
+    hidden = target.spec.hidden_size
+    _assert_same_states(b, a, len(layer_ids), hidden)
+    ref = _hf_cache(target, tmp_path / "tp2", tmp_path / "hf", layer_ids)
+    _assert_same_states(b, ref, len(layer_ids), hidden)
 
 
 @pytest.fixture
@@ -289,7 +304,11 @@ def test_an_interrupted_capture_resumes_to_the_same_cache(
     _assert_same_states(HiddenCache(part), HiddenCache(tmp_path / "whole"), len(layer_ids), hidden)
     # The same directory with other layer ids is refused, naming them.
     with pytest.raises(ValueError, match=r"different settings \(\['layer_ids'\]\)"):
-        CaptureWriter(part, [0, 1, 4], hidden)
+        CaptureWriter(part, [0, 1, 4], target.spec)
+    # ... and so is another target, naming it.
+    other = dataclasses.replace(target.spec, name="another-target")
+    with pytest.raises(ValueError, match=r"different settings \(\['target'\]\)"):
+        CaptureWriter(part, layer_ids, other)
 
 
 @pytest.mark.sglang
@@ -343,3 +362,10 @@ def test_the_data_stage_writes_the_cache_from_the_regeneration_pass(
     assert [(r.first_loss, r.last_loss) for r in runs[:1]] == [
         (r.first_loss, r.last_loss) for r in runs[1:]
     ]
+    # A train stage on another target is refused, naming both.
+    from dspark_sglang.training.batch_plan import check_sequences
+
+    name = tiny_chat_model.spec.name
+    check_sequences(cfg, cap, None, torch.device("cpu"), (0, 1, 2), name)
+    with pytest.raises(ValueError, match=rf"target {name!r} but target\.name is 'other'"):
+        check_sequences(cfg, cap, None, torch.device("cpu"), (0, 1, 2), "other")
