@@ -2,7 +2,8 @@
 
 Stages (``training/pipeline.py``): ``data`` builds the prompt mix, checks it is
 disjoint from the eval sets, has the target regenerate responses (temperature 1)
-and caches hidden states (not with ``data.hidden_states: online``); ``train`` trains the
+and caches hidden states (captured by SGLang as it samples with ``data.hidden_states:
+sglang``; not with ``online``); ``train`` trains the
 configured drafter on that cache, or online with the target computing them per batch;
 ``all`` (the default) does both. Both stages resume where they stopped (data: per
 shard; train: ``--resume`` from the latest checkpoint). Flags override config fields.
@@ -24,8 +25,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--stage",
         choices=("data", "train", "all"),
         default="all",
-        help="data: prompts -> responses -> hidden cache (responses only with "
-        "data.hidden_states: online); train: drafter; all: both",
+        help="data: prompts -> responses -> hidden cache (captured in the same pass with "
+        "data.hidden_states: sglang; responses only with online); train: drafter; all: both",
     )
     p.add_argument(
         "--resume",
