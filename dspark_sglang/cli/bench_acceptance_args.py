@@ -11,7 +11,7 @@ import argparse
 import re
 from pathlib import Path
 
-from dspark_sglang.cli.base import UsageError, context_copy_ngram
+from dspark_sglang.cli.base import CommaJoin, UsageError, context_copy_ngram
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
@@ -122,6 +122,7 @@ def _add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
     a.add_argument(
         "--eval-sets",
+        action=CommaJoin,
         default=",".join(_EVAL_SETS),
         help=f"comma-separated subset of {','.join(_EVAL_SETS)}, or '{_NO_SETS}' (or empty) for "
         "only the --prompts sets; all three by default, with or without --prompts",

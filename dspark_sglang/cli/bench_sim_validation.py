@@ -15,7 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_sglang.cli.base import Command, RawDefaultsHelpFormatter, UsageError, resolve_outputs
+from dspark_sglang.cli.base import (
+    CommaJoin,
+    Command,
+    RawDefaultsHelpFormatter,
+    UsageError,
+    resolve_outputs,
+)
 
 _SIMVAL_HELP = "Serving simulator vs a live SGLang server on CPU."
 _SIMVAL_DESCRIPTION = """\
@@ -73,7 +79,12 @@ def _add_arguments(v: argparse.ArgumentParser) -> None:
         help=f"acceptance traces of that drafter (default: {_DEFAULT_TRACES})",
     )
     v.add_argument("--static-k", type=int, default=2, help="drafts verified per request and step")
-    v.add_argument("--concurrency", default="1,2,4", help="comma-separated closed-loop levels")
+    v.add_argument(
+        "--concurrency",
+        action=CommaJoin,
+        default="1,2,4",
+        help="comma-separated closed-loop levels",
+    )
     v.add_argument(
         "--requests-per-client",
         type=int,

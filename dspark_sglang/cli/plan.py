@@ -18,7 +18,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers, probe_every
+from dspark_sglang.cli.base import (
+    CommaJoin,
+    Command,
+    add_planning_arguments,
+    csv_numbers,
+    probe_every,
+)
 
 EPILOG = """\
 retune the tiers of a running release (deploy/runbooks/sla-tier-tuning.md):
@@ -77,7 +83,12 @@ def _tier_names(text: str | None) -> dict[float, str]:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_arguments(p)
-    p.add_argument("--sla", required=True, help="comma-separated tok/s/user targets, e.g. 80,120")
+    p.add_argument(
+        "--sla",
+        action=CommaJoin,
+        required=True,
+        help="comma-separated tok/s/user targets, e.g. 80,120",
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -93,18 +104,21 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tier",
+        action=CommaJoin,
         default=None,
         help="SLA=NAME,...: the tier each SLA retunes (default: the base tier whose "
         "minTokensPerSecPerUser equals the SLA; without --base-values, sla-<N>)",
     )
     p.add_argument(
         "--users",
+        action=CommaJoin,
         default=None,
         help="NAME=N,...: concurrent users expected on a tier; sets its replicas "
         "(ceil(users / admission cap)), or autoscaling.minReplicas where it autoscales",
     )
     p.add_argument(
         "--rps",
+        action=CommaJoin,
         default=None,
         help="NAME=R,...: requests/s expected on a tier; replicas from the simulated "
         "request rate of one replica at its cap",
@@ -115,7 +129,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="print every value the plan changes (path: old -> new) against --base-values",
     )
     p.add_argument(
-        "--policies", default=None, help="candidate policy specs (default lagged,prefix,mtp1,none)"
+        "--policies",
+        action=CommaJoin,
+        default=None,
+        help="candidate policy specs (default lagged,prefix,mtp1,none)",
     )
     p.add_argument(
         "--max-concurrency",

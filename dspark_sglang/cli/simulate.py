@@ -18,20 +18,31 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from dspark_sglang.cli.base import Command, add_planning_arguments, csv_numbers, probe_every
+from dspark_sglang.cli.base import (
+    CommaJoin,
+    Command,
+    add_planning_arguments,
+    csv_numbers,
+    probe_every,
+)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_arguments(p)
     p.add_argument(
         "--policy",
+        action=CommaJoin,
         default="lagged",
         help="comma-separated policy specs: prefix, lagged[:lag], static:<k>, mtp1, "
         "verify_all, none (default lagged)",
     )
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--concurrency", help="closed loop: comma-separated concurrencies")
-    g.add_argument("--rate", help="open loop: comma-separated arrival rates (requests/s)")
+    g.add_argument(
+        "--concurrency", action=CommaJoin, help="closed loop: comma-separated concurrencies"
+    )
+    g.add_argument(
+        "--rate", action=CommaJoin, help="open loop: comma-separated arrival rates (requests/s)"
+    )
     p.add_argument("--max-running", type=int, default=None, help="admission cap (open loop)")
     p.add_argument("--num-requests", type=int, default=None, help="requests per run")
     p.add_argument("--json", type=Path, default=None, help="write all results as JSON")
