@@ -57,19 +57,30 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dspark_sglang.results import default_out, dump_json, software_versions
+from dspark_sglang.bench.hidden_cache_compare import compare_caches
+from dspark_sglang.results import default_out, dump_json, software_versions, spread
 
 GENERATORS = ("hf", "sglang")
 HIDDEN_PASSES = ("sglang+hf_forward", "sglang_capture")
 #: The JSON key of ``--compare hidden``'s result.
 HIDDEN_KEY = "hidden_pass"
+
+
+def _prompt_settings(args: argparse.Namespace, prompts: list[Any]) -> dict[str, Any]:
+    """The target and prompt facts both comparisons record."""
+    return {
+        "target": "smollm2 (SmolLM2-135M-Instruct)",
+        "prompts": f"first {args.prompts} GSM8K train questions, chat template applied",
+        "num_prompts": len(prompts),
+        "prompt_tokens_mean": sum(len(p.prompt_ids) for p in prompts) / len(prompts),
+        "max_new_tokens": args.new_tokens,
+    }
 
 
 def encoded_prompts(target: Any, n: int) -> list[Any]:
@@ -107,59 +118,6 @@ def summary(runs: list[dict], key: str = "tokens_per_s") -> dict[str, float]:
     return spread([r[key] for r in runs])
 
 
-def spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
-def compare_caches(
-    ref_dir: Path, got_dir: Path, layer_ids: Sequence[int], hidden_size: int
-) -> dict[str, Any]:
-    """``got_dir``'s hidden cache against ``ref_dir``'s (module docstring, ``--compare
-    hidden``): ids, token counts, tokens, and per layer the largest absolute difference
-    over the reference layer's RMS and the relative L2 difference."""
-    from dspark_sglang.training.dataset import HiddenCache
-
-    ref, got = HiddenCache(ref_dir), HiddenCache(got_dir)
-    names = [f"layer_{lid}" for lid in layer_ids] + ["last"]
-    # Per layer: the largest |difference|, the sum of squared differences, of squared refs.
-    stats = torch.zeros(3, len(names), dtype=torch.float64)
-    rows = identical = 0
-    same_ids = ref.ids == got.ids
-    for i in range(len(ref)) if same_ids else ():
-        a, b = ref[i], got[i]
-        n = min(len(a.tokens), len(b.tokens))
-        differ = (a.tokens[:n] != b.tokens[:n]).nonzero()
-        first = int(differ[0, 0]) if len(differ) else n
-        identical += first == n and len(a.tokens) == len(b.tokens)
-        m = min(first, len(a.tokens) - 1, len(b.tokens) - 1)
-        if m < 1:
-            continue
-        rows += m
-        x, y = (
-            torch.cat([s.aux[:m], s.last[:m]], -1).double().view(m, -1, hidden_size) for s in (a, b)
-        )
-        stats[0] = torch.maximum(stats[0], (y - x).abs().amax((0, 2)))
-        stats[1] += (y - x).pow(2).sum((0, 2))
-        stats[2] += x.pow(2).sum((0, 2))
-    rms = (stats[2] / max(rows * hidden_size, 1)).sqrt()
-    over_rms = torch.where(rms > 0, stats[0] / rms, 0.0).tolist()
-    rel_l2 = torch.where(stats[2] > 0, (stats[1] / stats[2]).sqrt(), 0.0).tolist()
-    states = {
-        name: {"max_abs_over_rms": o, "rel_l2": r}
-        for name, o, r in zip(names, over_rms, rel_l2, strict=True)
-    }
-    return {
-        "same_ids": same_ids,
-        "same_token_counts": same_ids and ref.seq_lens == got.seq_lens,
-        "identical_sequences": identical,
-        "sequences": len(ref),
-        "rows_compared": rows,
-        "states": states,
-        "max_abs_over_rms": max(s["max_abs_over_rms"] for s in states.values()),
-        "max_rel_l2": max(s["rel_l2"] for s in states.values()),
-    }
-
-
 def write_result(out: Path, result: dict[str, Any], key: str | None) -> None:
     """Write ``result`` to ``out``, keeping what the other comparison wrote there: under
     ``key`` (the rest of an existing file kept), or as the whole file but ``HIDDEN_KEY``."""
@@ -191,11 +149,7 @@ def compare_generators(args: argparse.Namespace, path: Path, prompts: list, targ
 
     result: dict[str, Any] = {
         "settings": {
-            "target": "smollm2 (SmolLM2-135M-Instruct)",
-            "prompts": f"first {args.prompts} GSM8K train questions, chat template applied",
-            "num_prompts": len(prompts),
-            "prompt_tokens_mean": sum(len(p.prompt_ids) for p in prompts) / len(prompts),
-            "max_new_tokens": args.new_tokens,
+            **_prompt_settings(args, prompts),
             "sampling": "temperature 1, no top-k / top-p / min-p, stop at EOS",
             "dtype": args.dtype,
             "threads": args.threads,
@@ -296,11 +250,7 @@ def compare_hidden(args: argparse.Namespace, path: Path, prompts: list, target: 
     capture = dataclasses.replace(plain, extra=capture_server_args(layer_ids), env=capture_env())
     result: dict[str, Any] = {
         "settings": {
-            "target": "smollm2 (SmolLM2-135M-Instruct)",
-            "prompts": f"first {args.prompts} GSM8K train questions, chat template applied",
-            "num_prompts": len(prompts),
-            "prompt_tokens_mean": sum(len(p.prompt_ids) for p in prompts) / len(prompts),
-            "max_new_tokens": args.new_tokens,
+            **_prompt_settings(args, prompts),
             "sampling": "temperature 0, stop at EOS",
             "dtype": args.dtype,
             "threads": args.threads,

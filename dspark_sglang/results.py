@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,13 @@ def software_versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "dspark_sglang": ours,
     }
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median and range of one figure over a benchmark's repeats."""
+    if not values:
+        raise ValueError("no values to summarise")
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def fmt_or_dash(x: float | None, spec: str) -> str:

@@ -15,6 +15,7 @@ import gzip
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
@@ -148,3 +149,24 @@ def write_tiny_eval_sets(root: Path) -> Path:
         "".join(json.dumps({"question_id": 81 + i, "turns": t}) + "\n" for i, t in enumerate(turns))
     )
     return root
+
+
+#: Short user turns for tests that regenerate replies (cycled).
+CHAT_TEXTS = ("hi", "2+2?", "a poem", "sum 1..9", "list 3 colours", "why?", "ok", "go on")
+
+
+def encoded_chats(target: Any, n: int, prefix: str = "c") -> list[Any]:
+    """``n`` one-turn chats as ``EncodedPrompt``s (ids ``<prefix><i>``), ``CHAT_TEXTS``
+    cycled, encoded with ``target``'s chat template."""
+    from dspark_sglang.training.datagen import EncodedPrompt
+
+    return [
+        EncodedPrompt(
+            id=f"{prefix}{i}",
+            domain="chat",
+            prompt_ids=target.encode_chat(
+                [{"role": "user", "content": CHAT_TEXTS[i % len(CHAT_TEXTS)]}]
+            ),
+        )
+        for i in range(n)
+    ]

@@ -8,14 +8,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dspark_sglang.results import spread
 from dspark_sglang.sglang_integration import round_profile as rp
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median and range of one figure over the repeats."""
-    if not values:
-        raise ValueError("no values to summarise")
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def repeat_result(

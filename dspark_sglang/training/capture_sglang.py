@@ -28,7 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +37,11 @@ import torch
 
 from dspark_sglang.model.config import TargetSpec
 from dspark_sglang.sglang_integration.hidden_capture import FINAL_STATE_ENV
-from dspark_sglang.training.datagen import (
-    GenerationSettings,
-    ResponseRecord,
-    ShardWork,
-)
+from dspark_sglang.training.datagen import GenerationSettings, ResponseRecord, ShardSampler
 from dspark_sglang.training.datagen_hidden import open_hidden_cache, write_hidden_shard
 from dspark_sglang.training.datagen_store import RESPONSES_DIR, _shard_records, read_index
 from dspark_sglang.training.hidden_format import StoredDtype
-from dspark_sglang.training.regen_sglang import sampling_params, split_seconds, windows
+from dspark_sglang.training.regen_sglang import engine_sampler
 
 #: What the hidden manifest records for a cache captured here (with the target's name).
 CAPTURED_BY = "sglang"
@@ -142,29 +138,10 @@ def capture_sampler(
     eos_token_ids: Sequence[int],
     max_in_flight: int,
     writer: CaptureWriter,
-):
+) -> ShardSampler:
     """``regen_sglang.engine_sampler`` that also asks for each request's hidden states and
     hands them to ``writer`` (written once ``regenerate_responses`` has the shard)."""
-
-    def sample(todo: Sequence[ShardWork]) -> Iterator[tuple[int, list[list[int]], float]]:
-        for group in windows(todo, max_in_flight):
-            prompts = [p for _, batch in group for p in batch]
-            t0 = time.perf_counter()
-            outs = engine.generate(
-                input_ids=[list(p.prompt_ids) for p in prompts],
-                sampling_params=[sampling_params(settings, p.id, eos_token_ids) for p in prompts],
-                return_hidden_states=True,
-            )
-            seconds = time.perf_counter() - t0
-            ids = [list(o["output_ids"]) for o in outs]
-            rows = [o["meta_info"]["hidden_states"] for o in outs]
-            i = 0
-            for (b, batch), secs in zip(group, split_seconds(group, ids, seconds), strict=True):
-                writer.hold(b, rows[i : i + len(batch)], secs)
-                yield b, ids[i : i + len(batch)], secs
-                i += len(batch)
-
-    return sample
+    return engine_sampler(engine, settings, eos_token_ids, max_in_flight, on_hidden=writer.hold)
 
 
 def fill_missing(engine: Any, writer: CaptureWriter, max_in_flight: int) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,21 +89,31 @@ def engine_sampler(
     settings: GenerationSettings,
     eos_token_ids: Sequence[int],
     max_in_flight: int,
+    on_hidden: Callable[[int, list[Any], float], None] | None = None,
 ) -> ShardSampler:
-    """A ``ShardSampler`` over a started ``sglang.Engine`` (token ids in, token ids out)."""
+    """A ``ShardSampler`` over a started ``sglang.Engine`` (token ids in, token ids out).
+
+    With ``on_hidden`` every request also asks for its hidden states (a capture engine,
+    ``capture_sglang``), and ``on_hidden(batch, rows per prompt, seconds)`` gets each shard's
+    before the shard is yielded."""
 
     def sample(todo: Sequence[ShardWork]) -> Iterator[tuple[int, list[list[int]], float]]:
+        extra = {"return_hidden_states": True} if on_hidden is not None else {}
         for group in windows(todo, max_in_flight):
             prompts = [p for _, batch in group for p in batch]
             t0 = time.perf_counter()
             outs = engine.generate(
                 input_ids=[list(p.prompt_ids) for p in prompts],
                 sampling_params=[sampling_params(settings, p.id, eos_token_ids) for p in prompts],
+                **extra,
             )
             seconds = time.perf_counter() - t0
             ids = [list(o["output_ids"]) for o in outs]
             i = 0
             for (b, batch), secs in zip(group, split_seconds(group, ids, seconds), strict=True):
+                if on_hidden is not None:
+                    rows = [o["meta_info"]["hidden_states"] for o in outs[i : i + len(batch)]]
+                    on_hidden(b, rows, secs)
                 yield b, ids[i : i + len(batch)], secs
                 i += len(batch)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_chat_target import encoded_chats
 from tiny_hf_targets import save_tiny_target
 
 from dspark_sglang.sglang_integration.hidden_capture import (
@@ -37,7 +38,6 @@ from dspark_sglang.training.config import TrainConfig
 from dspark_sglang.training.datagen import (
     HIDDEN_DIR,
     RESPONSES_DIR,
-    EncodedPrompt,
     GenerationSettings,
     cache_hidden_states,
     regenerate_responses,
@@ -49,7 +49,6 @@ from dspark_sglang.training.regen_sglang import EngineSettings, open_engine
 
 NEW = 12
 LAYERS = {"smollm2": [1, 8, 14, 20, 27], "qwen3": [0, 2, 4], "llama3": [0, 2, 4]}
-TEXTS = ["hi", "2+2?", "a poem about rain", "sum 1..9", "list 3 colours", "why?"]
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -146,17 +145,6 @@ def test_a_layer_id_the_target_cannot_capture_is_refused_naming_the_field() -> N
 # --------------------------------------------------------------------------- engines
 
 
-def _prompts(target: HFTarget, n: int) -> list[EncodedPrompt]:
-    return [
-        EncodedPrompt(
-            id=f"p{i}",
-            domain="chat",
-            prompt_ids=target.encode_chat([{"role": "user", "content": TEXTS[i % len(TEXTS)]}]),
-        )
-        for i in range(n)
-    ]
-
-
 @pytest.fixture(scope="module")
 def targets(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("capture_targets")
@@ -188,7 +176,7 @@ def _capture(
     writer = CaptureWriter(out, layer_ids, target.spec)
     regenerate_responses(
         capture_sampler(engine, settings, target.eos_token_ids, kw.pop("in_flight", 8), writer),
-        _prompts(target, n),
+        encoded_chats(target, n, prefix="p"),
         out,
         settings,
         pad_token_id=0,

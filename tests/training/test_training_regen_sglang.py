@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_chat_target import encoded_chats
 
 from dspark_sglang.targets.hf_target import HFTarget
 from dspark_sglang.training.config import TrainConfig
@@ -47,15 +48,7 @@ def engine(tiny_chat_dir: Path) -> Iterator[Any]:
 
 
 def prompts(target: HFTarget, n: int) -> list[EncodedPrompt]:
-    texts = ["hi", "2+2?", "a poem", "sum 1..9", "list 3 colours", "why?", "ok", "go on"]
-    return [
-        EncodedPrompt(
-            id=f"c{i}",
-            domain="chat",
-            prompt_ids=target.encode_chat([{"role": "user", "content": texts[i % len(texts)]}]),
-        )
-        for i in range(n)
-    ]
+    return encoded_chats(target, n)
 
 
 def check_records(recs: list[ResponseRecord], eos: set[int]) -> None:

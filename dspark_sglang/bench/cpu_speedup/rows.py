@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dspark_sglang.bench.cpu_speedup.grid import DSPARK, NGRAM, PLAIN, Cell, Engine
+from dspark_sglang.results import spread
 
 #: Every row has at least these keys.
 ROW_KEYS = (
@@ -34,13 +35,6 @@ NGRAM_SAMPLED_NOTE = (
     "SGLang's NGRAM verifies greedily on CPU at any temperature (eagle_sample): its outputs "
     "here are greedy continuations, not samples"
 )
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median and range of one figure over the repeats."""
-    if not values:
-        raise ValueError("no values to summarise")
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _finite_or_none(x: float) -> float | None:
