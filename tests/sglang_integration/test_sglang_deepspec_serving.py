@@ -16,9 +16,10 @@ leans confident (bias 3) so ``prefix`` verifies drafts. Three folders of the sam
 Engines (float32, greedy, 8 prompts x 64 tokens): the DeepSpec folder and ours under
 ``DSPARK_MOE`` with one scheduler config (``prefix`` on the committed SmolLM2 cost table,
 ``draft_step_seconds: 0`` so no round timing enters the decision, argmax drafts); the
-export under SGLang's ``DSPARK`` verifying every draft. The plugin is installed in every
-engine: on CPU its bridges are what let SGLang's DSPARK run at all, so "no plugin" is not
-testable here; the export's model class and algorithm are SGLang's own.
+export under SGLang's ``DSPARK`` verifying every draft, in an engine whose plugin scope is
+``cpu-bridges`` (``DSPARK_PLUGIN_SCOPE``): only the CPU platform shims that let SGLang run
+on a CPU at all are installed, so the algorithm, the worker and the model class that serve
+the export are SGLang's own, with nothing of this package on the draft path.
 
 Checked: every output equals the target's greedy output (HF float32, itself equal to
 SGLang's plain decoding in ``test_sglang_engine_cpu.py``; float32 engines, as the other
@@ -51,6 +52,7 @@ from dspark_sglang.model.formats.deepspec import (
 from dspark_sglang.scheduling.config import SchedulerConfig
 from dspark_sglang.sglang_integration.engine import CpuEngineSpec, cpu_engine, generate_outputs
 from dspark_sglang.sglang_integration.launch import scheduler_env
+from dspark_sglang.sglang_integration.plugin import SCOPE_ENV
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -181,7 +183,8 @@ def test_our_export_under_sglangs_dspark_accepts_what_the_reference_accepts(
             "speculative_draft_model_path": str(folders["export"]),
             "random_seed": 0,
         },
-        env=scheduler_env(None, greedy_draft=True),  # every draft verified, argmax drafts
+        # Every draft verified, argmax drafts; of this package only the CPU bridges.
+        env={**scheduler_env(None, greedy_draft=True), SCOPE_ENV: "cpu-bridges"},
     )
     with cpu_engine(spec) as engine:
         outs = generate_outputs(engine, prompt_ids, NEW_TOKENS)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 
 import pytest
@@ -110,3 +113,50 @@ def test_registering_dspark_moe_imports_no_worker_code() -> None:
     # Under ``if TYPE_CHECKING:`` only (never executed); the factory's import is deferred.
     factory = inspect.getsource(dspark_moe._worker_factory)
     assert "from dspark_sglang.sglang_integration.dspark_moe_worker import" in factory
+
+
+def _load_in_a_fresh_process(scope: str) -> subprocess.CompletedProcess[str]:
+    """Load the plugin as SGLang would, with ``DSPARK_PLUGIN_SCOPE=scope``, and report what
+    it registered (a fresh interpreter: the registries are process-global)."""
+    code = """
+import json
+from dspark_sglang import sglang_plugin
+from dspark_sglang.sglang_integration import cpu_bridges, map_step, requests
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang.srt.speculative.spec_registry import get_spec
+sglang_plugin.load()
+print(json.dumps({
+    "dspark_moe": get_spec("DSPARK_MOE") is not None,
+    "bridges": bool(HookRegistry._hooks[cpu_bridges.HANDLE_DSPARK]),
+    "draft_step": bool(HookRegistry._hooks[map_step.DRAFT_STEP]),
+    "requests": bool(HookRegistry._hooks[requests.VALIDATE_METHOD]),
+}))
+"""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "DSPARK_PLUGIN_SCOPE": scope}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("scope", "installed"),
+    [
+        ("all", {"dspark_moe": True, "bridges": True, "draft_step": True, "requests": True}),
+        (
+            "cpu-bridges",
+            {"dspark_moe": False, "bridges": True, "draft_step": False, "requests": False},
+        ),
+    ],
+)
+def test_the_plugin_scope_installs_the_cpu_bridges_alone_when_asked(
+    scope: str, installed: dict[str, bool]
+) -> None:
+    done = _load_in_a_fresh_process(scope)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == installed
+
+
+def test_an_unknown_plugin_scope_is_refused_by_name() -> None:
+    done = _load_in_a_fresh_process("bridges")
+    assert done.returncode != 0
+    assert "DSPARK_PLUGIN_SCOPE='bridges': expected one of ('all', 'cpu-bridges')" in done.stderr
