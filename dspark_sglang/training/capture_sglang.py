@@ -19,6 +19,10 @@ Invariants:
   No training read touches it: anchors are at most ``T - 2`` (``anchors.anchor_candidates``),
   a slot's target state is at ``p + k <= T - 2`` for every valid slot, and the drafter's
   context is the positions before its anchor.
+* Memory is bounded by ``data.max_in_flight``: SGLang returns a window's rows together, as
+  Python lists (about 32 bytes a value, ``(len(layer_ids) + 1) x hidden size`` values a
+  token); each shard's are packed to float32 at once and written as its response shard is.
+  Lower ``max_in_flight`` for a large target.
 * Resumable with the response shards: a response shard is written and indexed first, its
   hidden shard right after. A response shard indexed without a hidden shard (a kill in
   between, or responses generated before this mode was chosen) is filled by a prefill of
@@ -49,6 +53,15 @@ CAPTURED_BY = "sglang"
 States = tuple[torch.Tensor, torch.Tensor]
 
 
+def packed_rows(hidden: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """A request's ``meta_info["hidden_states"]`` (a list per forward) as one float32
+    ``[rows, W]`` array; an array is returned as it is."""
+    if isinstance(hidden, np.ndarray):
+        return hidden
+    parts = [np.atleast_2d(np.asarray(h, dtype=np.float32)) for h in hidden]
+    return np.concatenate(parts, 0) if parts else np.zeros((0, 0), np.float32)
+
+
 def rows_to_states(
     hidden: Sequence[Any], num_layers: int, hidden_size: int, num_tokens: int
 ) -> States:
@@ -59,8 +72,7 @@ def rows_to_states(
     are dropped; the last token's row is zero (module invariants). Anything else is
     refused naming the server setting that produces it.
     """
-    parts = [np.atleast_2d(np.asarray(h, dtype=np.float32)) for h in hidden]
-    rows = np.concatenate(parts, 0) if parts else np.zeros((0, 0), np.float32)
+    rows = packed_rows(hidden)
     want = (num_layers + 1) * hidden_size
     if rows.shape[1] == num_layers * hidden_size:
         raise ValueError(
@@ -112,8 +124,9 @@ class CaptureWriter:
         return self.fmt
 
     def hold(self, batch: int, hidden: list[Any], seconds: float) -> None:
-        """Keep batch ``batch``'s raw rows until its response shard is written."""
-        self._pending[batch] = (hidden, seconds)
+        """Keep batch ``batch``'s rows until its response shard is written, packed into
+        float32 arrays at once (SGLang's Python lists take about 32 bytes a value)."""
+        self._pending[batch] = ([packed_rows(h) for h in hidden], seconds)
 
     def after_shard(self, batch: int, records: Sequence[ResponseRecord]) -> None:
         """Write the hidden shard of the response shard just indexed."""
