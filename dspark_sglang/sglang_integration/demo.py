@@ -111,6 +111,11 @@ __all__ = [
 ]
 
 _WARMUP_TEXT = "Hello"
+#: Third-party warnings the demo's engines do not print (``warnings`` filter syntax).
+QUIET_WARNINGS = ",".join(
+    f"ignore:{prefix}:UserWarning"
+    for prefix in ("Only CUDA", "Triton is not supported", "resource_tracker")
+)
 _HOST = "127.0.0.1"  # SGLang's engine binds only loopback ports (dist init); say so explicitly
 
 
@@ -304,6 +309,10 @@ def run_sglang_demo(
     from dspark_sglang.sglang_integration.engine import CpuEngineSpec
 
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # before anything imports sglang
+    # Inherited by every engine process: SGLang's notes that its GPU kernels are missing
+    # on a CPU, and the semaphores it leaves to the resource tracker, say nothing about
+    # this run. A PYTHONWARNINGS of your own (e.g. `default`) shows everything.
+    os.environ.setdefault("PYTHONWARNINGS", QUIET_WARNINGS)
     with tempfile.TemporaryDirectory(prefix="dspark-demo-") as tmp:
         try:
             check_sglang_flags(args)
