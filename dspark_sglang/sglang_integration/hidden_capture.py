@@ -57,19 +57,6 @@ def capture_env() -> dict[str, str]:
     return {FINAL_STATE_ENV: "1"}
 
 
-def capture_cli_flags(layer_ids: Sequence[int]) -> list[str]:
-    """:func:`capture_server_args` as ``python -m sglang.launch_server`` flags."""
-    args = capture_server_args(layer_ids)
-    return [
-        "--enable-return-aux-hidden-states",
-        "--speculative-algorithm",
-        args["speculative_algorithm"],
-        "--return-aux-hidden-state-layer-ids",
-        *[str(x) for x in args["return_aux_hidden_state_layer_ids"]],
-        "--disable-radix-cache",
-    ]
-
-
 def with_final_state(
     original: Callable[..., Any],
     processor: Any,

@@ -44,7 +44,6 @@ from dspark_sglang.sglang_integration.hidden_capture import FINAL_STATE_ENV
 from dspark_sglang.training.datagen import GenerationSettings, ResponseRecord, ShardSampler
 from dspark_sglang.training.datagen_hidden import open_hidden_cache, write_hidden_shard
 from dspark_sglang.training.datagen_store import RESPONSES_DIR, _shard_records, read_index
-from dspark_sglang.training.hidden_format import StoredDtype
 from dspark_sglang.training.regen_sglang import engine_sampler
 
 #: What the hidden manifest records for a cache captured here (with the target's name).
@@ -63,7 +62,7 @@ def packed_rows(hidden: Sequence[Any] | np.ndarray) -> np.ndarray:
 
 
 def rows_to_states(
-    hidden: Sequence[Any], num_layers: int, hidden_size: int, num_tokens: int
+    hidden: Sequence[Any] | np.ndarray, num_layers: int, hidden_size: int, num_tokens: int
 ) -> States:
     """``(aux [T, n*H], last [T, H])`` float32 from a request's ``meta_info["hidden_states"]``.
 
@@ -86,7 +85,7 @@ def rows_to_states(
             f"{want} = ({num_layers} layers of target.layer_ids + the final state) x "
             f"hidden size {hidden_size}: start it with --enable-return-aux-hidden-states "
             "--speculative-algorithm DSPARK --return-aux-hidden-state-layer-ids set to "
-            "target.layer_ids (hidden_capture.capture_cli_flags)"
+            "target.layer_ids (hidden_capture.capture_server_args)"
         )
     if rows.shape[0] < num_tokens - 1:
         raise ValueError(
@@ -118,10 +117,6 @@ class CaptureWriter:
             self.out_dir, layer_ids, self.hidden_size, dtype, pinned
         )
         self._pending: dict[int, tuple[list[Any], float]] = {}
-
-    @property
-    def stored(self) -> StoredDtype:
-        return self.fmt
 
     def hold(self, batch: int, hidden: list[Any], seconds: float) -> None:
         """Keep batch ``batch``'s rows until its response shard is written, packed into
@@ -175,6 +170,6 @@ def fill_missing(engine: Any, writer: CaptureWriter, max_in_flight: int) -> int:
                 return_hidden_states=True,
             )
             # One output token: no decode step, every entry is a prefill chunk's rows.
-            hidden.extend(o["meta_info"]["hidden_states"] for o in outs)
+            hidden.extend(packed_rows(o["meta_info"]["hidden_states"]) for o in outs)
         writer.write(b, records, hidden, time.perf_counter() - t0)
     return len(missing)
